@@ -34,8 +34,27 @@ def tiny_run(tmp_path_factory):
     "One end-to-end run of the tiny profile; returns (run folder, nbs digests before, after)."
     out = tmp_path_factory.mktemp("tiny_run")
     before = nbs_digest()
-    p = run_cli("--profile", "tiny", "--out_dir", out)
+    p = run_cli("--profile", "tiny", "--out_dir", out, "--offline")
     return {"out": out, "stdout": p.stdout, "stderr": p.stderr, "nbs_before": before, "nbs_after": nbs_digest()}
+
+
+@pytest.fixture(scope="session")
+def tiny_run_nocache(tmp_path_factory):
+    "The same run recomputing everything (the cache neither read nor written): the reference for determinism and resume."
+    out = tmp_path_factory.mktemp("tiny_run_nocache")
+    run_cli("--profile", "tiny", "--out_dir", out, "--no_cache")
+    return out
+
+
+ARTIFACTS = ["data/lee_news.jsonl", "raw_outputs.jsonl", "scores.parquet", "quality.parquet", "metrics.json",
+             "thresholds.json", "quality_summary.json", "tables/table_main_lee_news.md", "tables/table_main_lee_news.tex",
+             "tables/table_sanitize.md", "qual_examples.md", "figures/fig_heatmap_t1f.png", "figures/fig_sanitize.png"]
+
+
+def same_artifacts(a, b):
+    "Byte-identical artifacts (run_info.json and executed notebooks carry timestamps and are left out)."
+    diff = [f for f in ARTIFACTS if (Path(a) / f).read_bytes() != (Path(b) / f).read_bytes()]
+    assert not diff, f"artifacts differ: {diff}"
 
 
 def read_json(p):

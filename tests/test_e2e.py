@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import read_json, run_cli
+from conftest import read_json, run_cli, same_artifacts
 
 SCORE_COLS = ["sample_id", "dataset", "label", "method", "setting", "candidate_rank", "text_out", "len_tokens_out",
               "len_ratio", "detector_name", "detector_score_raw", "detector_score_ai"]
@@ -110,12 +110,12 @@ def test_run_info_provenance(tiny_run):
     assert "lee_news: mean over detectors" in tiny_run["stdout"]
 
 
-def test_same_seed_same_scores_without_cache(tiny_run, tmp_path):
-    "Determinism: a second run that recomputes everything (no cache) gives identical scores and metrics."
-    run_cli("--profile", "tiny", "--out_dir", tmp_path, "--no_cache")
+def test_same_seed_same_scores_without_cache(tiny_run, tiny_run_nocache):
+    "Determinism: a second run that recomputes everything (no cache) gives identical scores, metrics and tables."
     a = pd.read_parquet(tiny_run["out"] / "scores.parquet")
-    b = pd.read_parquet(tmp_path / "scores.parquet")
+    b = pd.read_parquet(tiny_run_nocache / "scores.parquet")
     pd.testing.assert_frame_equal(a, b, check_exact=True)
-    assert read_json(tiny_run["out"] / "metrics.json") == read_json(tmp_path / "metrics.json")
-    stats = read_json(tmp_path / "cache_stats" / "20_detectors.json")
+    assert read_json(tiny_run["out"] / "metrics.json") == read_json(tiny_run_nocache / "metrics.json")
+    same_artifacts(tiny_run["out"], tiny_run_nocache)
+    stats = read_json(tiny_run_nocache / "cache_stats" / "20_detectors.json")
     assert stats["lm_panel"]["hits"] == 0                 # really recomputed

@@ -1,0 +1,93 @@
+"""On-demand benchmark (not run in CI): where the time of a run goes, as ratios measured in one session.
+
+    python bench/bench.py [--profile embedded] [--out bench_out]
+
+Reports, on the profile's models:
+- warm rerun / cold run (same command, same content cache; goal <= 0.05),
+- likelihood-panel time / one batched forward pass of the scoring model over the same texts (goal <= 1.2),
+- budget-sweep generation / eight candidates' generation (goal <= 1.05; needs a candidate-generating method),
+- texts per second for each stage, and which stage dominates the end-to-end time.
+"""
+import argparse
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(profile, out, store, extra=()):
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "stealth_eval.run", "--profile", profile, "--out_dir", str(out),
+                    "--cache_dir", str(store), *extra], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**__import__("os").environ, "STEALTH_EVAL_PROGRESS": "0"})
+    return time.perf_counter() - t
+
+
+def panel_vs_forward(out, cfg, n_texts=48, batch_size=8):
+    import torch
+    from stealth_eval.detectors import panel_stats
+    from stealth_eval.models import load_causal_lm
+    texts = [json.loads(l)["text"] for l in (Path(out) / "data" / "lee_news.jsonl").read_text().splitlines()][:n_texts]
+    lm = load_causal_lm(cfg["scoring_model"], device=cfg["device"])
+    tok, T = lm.tokenizer, cfg["score_max_tokens"]
+    n_tokens = sum(min(len(tok(t).input_ids), T) for t in texts)
+    panel_stats(lm, texts[0], T)                                   # warm-up
+    t0 = time.perf_counter()
+    for t in texts: panel_stats(lm, t, T)
+    t_panel = time.perf_counter() - t0
+    tok.padding_side = "right"
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        for i in range(0, len(texts), batch_size):
+            enc = tok(texts[i:i + batch_size], return_tensors="pt", padding=True, truncation=True, max_length=T).to(lm.device)
+            lm.model(**enc).logits
+    t_fwd = time.perf_counter() - t0
+    return {"texts": len(texts), "tokens": n_tokens, "panel_s": t_panel, "batched_forward_s": t_fwd,
+            "ratio": t_panel / t_fwd, "panel_tokens_per_s": n_tokens / t_panel}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", default="embedded")
+    ap.add_argument("--out", default=str(ROOT / "bench_out"))
+    args = ap.parse_args()
+    base = Path(args.out)
+    shutil.rmtree(base, ignore_errors=True)
+    store = base / "store"
+    cold = run(args.profile, base / "cold", store)
+    warm = run(args.profile, base / "warm", store)
+    info = json.loads((base / "cold" / "run_info.json").read_text())
+    cfg = json.loads((base / "cold" / "config.json").read_text())
+    raw = [json.loads(l) for l in (base / "cold" / "raw_outputs.jsonl").read_text().splitlines()]
+    n_rows = {"00_data": sum(1 for r in raw if r["method"] == "m0" and r["defense"] == "none"),
+              "10_methods": len(raw), "20_detectors": len(raw), "30_calibration_metrics": len(raw), "40_figures": len(raw)}
+    stages = {k: v["seconds"] for k, v in info["stages"].items()}
+    pv = panel_vs_forward(base / "cold", cfg)
+    from stealth_eval.methods import METHODS
+    sweep = ("n/a: no candidate-generating method (M1-M3) is registered yet, so there is no candidate pool to sweep"
+             if not any(m in METHODS for m in ("m1", "m2", "m3")) else "not implemented in this benchmark yet")
+    report = {
+        "machine": f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores, {platform.system()} "
+                   f"{platform.release()}, python {platform.python_version()}",
+        "profile": args.profile, "cold_run_s": round(cold, 1), "warm_rerun_s": round(warm, 1),
+        "warm_over_cold": round(warm / cold, 4), "panel": {k: round(v, 3) if isinstance(v, float) else v for k, v in pv.items()},
+        "budget_sweep_over_8_candidates": sweep,
+        "stage_seconds_cold": stages,
+        "stage_texts_per_s_cold": {k: round(n_rows[k] / max(v, 1e-9), 2) for k, v in stages.items()},
+        "dominant_stage": max(stages, key=stages.get),
+    }
+    (base / "bench.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    dom = report["dominant_stage"]
+    print(f"\nwarm/cold = {report['warm_over_cold']:.3f} (goal <= 0.05); panel/forward = {pv['ratio']:.2f} (goal <= 1.2); "
+          f"budget sweep: {sweep}")
+    print(f"end-to-end: {dom} dominates ({stages[dom]:.0f} s of {sum(stages.values()):.0f} s in stages)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""Robust runs: cache reuse counted by the cache's own log, resume after SIGKILL, hostile input, offline mode."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import ROOT, read_json, run_cli, same_artifacts
+
+
+def stats(out, stage):
+    return read_json(Path(out) / "cache_stats" / f"{stage}.json")
+
+
+def unique_valid_texts(out):
+    raw = pd.read_json(Path(out) / "raw_outputs.jsonl", lines=True)
+    return set(raw.loc[raw["valid"], "text_out"])
+
+
+def test_added_method_and_detector_recompute_only_new_work(tmp_path):
+    store = tmp_path / "store"
+    a, b = tmp_path / "a", tmp_path / "b"
+    run_cli("--profile", "tiny", "--methods", "m0", "--detectors", "fast_detectgpt", "--cache_dir", store, "--out_dir", a)
+    assert stats(a, "00_data")["generation"] == {"hits": 0, "misses": 16}
+    run_cli("--profile", "tiny", "--methods", "m0", "m5", "--detectors", "fast_detectgpt", "log_rank",
+            "--cache_dir", store, "--out_dir", b)
+    assert stats(b, "00_data")["generation"] == {"hits": 16, "misses": 0}     # no text regenerated
+    new_texts = unique_valid_texts(b) - unique_valid_texts(a)
+    assert len(new_texts) == 32                                                # 16 texts x 2 homoglyph rates
+    # one forward pass per new text, none for the added detector (it reads the same panel)
+    assert stats(b, "20_detectors")["lm_panel"] == {"hits": len(unique_valid_texts(a)), "misses": len(new_texts)}
+
+
+def test_resume_after_sigkill_gives_identical_artifacts(tmp_path, tiny_run_nocache):
+    store, out = tmp_path / "store", tmp_path / "run"
+    cmd = [sys.executable, "-m", "stealth_eval.run", "--profile", "tiny", "--cache_dir", str(store), "--out_dir", str(out)]
+    env = {**os.environ, "STEALTH_EVAL_PROGRESS": "0"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    panel = store / "lm_panel"
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None and len(list(panel.rglob("*.json"))) < 10:
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before it could be killed part-way"
+    os.killpg(proc.pid, signal.SIGKILL)                    # the runner and its notebook kernel, mid-scoring
+    proc.wait()
+    n_stored = len(list(panel.rglob("*.json")))
+    assert 10 <= n_stored
+    assert not (out / "metrics.json").exists()
+    run_cli("--profile", "tiny", "--cache_dir", store, "--out_dir", out)
+    same_artifacts(out, tiny_run_nocache)
+    assert stats(out, "00_data")["generation"]["misses"] == 0                 # nothing generated twice
+    assert stats(out, "20_detectors")["lm_panel"]["hits"] >= n_stored - 1      # stored scores reused
+
+
+HOSTILE = [
+    ("h_ok", "human", "The council said on Tuesday that the new bridge over the river would open to traffic next month, "
+                      "after two years of delays caused by flooding and a dispute over the contract."),
+    ("h_empty", "human", ""),
+    ("h_space", "human", " \t\n  "),
+    ("a_same1", "ai", "The minister said the government would announce a new plan for the region in the coming weeks, officials said."),
+    ("a_same2", "ai", "The minister said the government would announce a new plan for the region in the coming weeks, officials said."),
+    ("a_huge", "ai", ("Police said the fire started in the kitchen and spread quickly through the house. " * 1250)[:100_000]),
+    ("a_ctrl", "ai", "Rescue\x00 crews\x07 worked\x1b through the night to reach the\x08 stranded hikers on the ridge, police said."),
+    ("a_short", "ai", "Too short."),
+]
+
+
+def test_hostile_corpus_every_row_accounted(tmp_path):
+    f = tmp_path / "hostile.jsonl"
+    f.write_text("".join(json.dumps({"id": i, "label": l, "domain": "news", "generator": "x", "text": t}) + "\n"
+                         for i, l, t in HOSTILE), encoding="utf-8")
+    out = tmp_path / "run"
+    run_cli("--profile", "tiny", "--datasets", f, "--out_dir", out, "--set", "homoglyph_rates=[0.01]")
+    card = read_json(out / "data" / "hostile.card.json")
+    assert card["n_rows"] == len(HOSTILE)
+    assert card["invalid_reasons"] == {"empty text": 2, "too short: 2 words < 10": 1}
+    s = pd.read_parquet(out / "scores.parquet")
+    m0 = s[(s.condition == "m0") & (s.detector_name == "fast_detectgpt")].set_index("sample_id")
+    assert set(m0.index) == {i for i, _, _ in HOSTILE}                        # every input row is in the scores
+    assert not m0.loc[["h_empty", "h_space", "a_short"], "valid"].any()
+    assert m0.loc[["h_empty", "h_space", "a_short"], "detector_score_ai"].isna().all()
+    assert m0.loc["a_huge", "truncated"] and m0.loc["a_huge", "valid"]        # 100k characters: scored, truncation recorded
+    assert m0.loc["a_ctrl", "valid"]
+    assert m0.loc["a_same1", "detector_score_ai"] == m0.loc["a_same2", "detector_score_ai"]
+    th = read_json(out / "thresholds.json")["hostile"]["fast_detectgpt"]["none"]["fpr=0.01"]
+    assert th["n_human"] == 1 and th["n_human_invalid"] == 2 and not th["resolved"]
+    m = read_json(out / "metrics.json")["hostile"]["fast_detectgpt"]
+    assert m["m0"]["n_ai"] == 4 and m["m0"]["n_ai_invalid"] == 1
+    assert m["m5:homoglyph_p=0.01"]["n_ai"] + m["m5:homoglyph_p=0.01"]["n_ai_invalid"] == 5
+    assert 0 <= m["m0"]["tpr1"] <= 1 and 0 <= m["m0"]["auc"] <= 1
+    q = pd.read_parquet(out / "quality.parquet")
+    assert set(q.loc[q.condition == "m0", "sample_id"]) == {i for i, l, _ in HOSTILE if l == "ai"}
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([{"id": "1", "label": "human", "domain": "n", "generator": "g", "text": "t"}, {"id": "2", "domain": "n", "generator": "g", "text": "t"}],
+     "missing label for id(s) '2'"),
+    ([{"id": "1", "label": None, "domain": "n", "generator": "g", "text": "t"}], "missing label for id(s) '1'"),
+    ([{"id": "1", "label": "machine", "domain": "n", "generator": "g", "text": "t"}], "unknown label value(s) 'machine'"),
+    ([{"id": "1", "label": "ai", "domain": "n", "generator": "g", "text": "t"}, {"id": "1", "label": "ai", "domain": "n", "generator": "g", "text": "u"}],
+     "duplicate id(s) '1'"),
+    ([{"id": None, "label": "ai", "domain": "n", "generator": "g", "text": "t"}], "without an id"),
+])
+def test_hostile_rows_that_stop_the_run_before_it_starts(tmp_path, rows, message):
+    f = tmp_path / "bad.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    p = run_cli("--datasets", f, "--out_dir", tmp_path / "run", check=False)
+    assert p.returncode == 2 and message in p.stderr and str(f) in p.stderr
+    assert not (tmp_path / "run" / "notebooks").exists()
+
+
+def test_nan_label_in_csv(tmp_path):
+    f = tmp_path / "bad.csv"
+    f.write_text("id,label,domain,generator,text\n1,human,n,g,some text\n2,,n,g,other text\n")
+    p = run_cli("--datasets", f, "--out_dir", tmp_path / "run", check=False)
+    assert p.returncode == 2 and "missing label for id(s) '2'" in p.stderr
+
+
+def test_offline_refuses_hub_models_before_any_stage(tmp_path):
+    p = run_cli("--profile", "paper", "--offline", "--out_dir", tmp_path, check=False)
+    assert p.returncode == 2 and "--offline" in p.stderr and "Qwen/Qwen3-4B-Instruct-2507" in p.stderr
+    assert not (tmp_path / "notebooks").exists()
