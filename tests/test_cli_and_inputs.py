@@ -70,3 +70,14 @@ def test_readme_first_commands_are_what_ci_runs():
     block = readme[readme.index("```bash") + 1: readme.index("```bash") + 3]
     assert block[0].startswith("make run") and block[1].startswith("make test")
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_a_detector_that_cannot_run_is_skipped_with_its_reason(tmp_path):
+    "The two-model Binoculars needs a model pair no offline package ships: reported as skipped, never replaced."
+    out = tmp_path / "run"
+    run_cli("--profile", "tiny", "--detectors", "fast_detectgpt", "binoculars", "--out_dir", out)
+    skipped = read_json(out / "skipped.json")["detectors"]
+    assert list(skipped) == ["binoculars"] and "binoculars_single" in skipped["binoculars"]
+    s = pd.read_parquet(out / "scores.parquet")
+    assert set(s["detector_name"]) == {"fast_detectgpt"}
+    assert "**Skipped** (not run, not replaced): binoculars:" in (out / "tables" / "table_main_lee_news.md").read_text()
