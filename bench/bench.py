@@ -1,10 +1,14 @@
 """On-demand benchmark (not run in CI): where the time of a run goes, as ratios measured in one session.
 
-    python bench/bench.py [--profile embedded] [--out bench_out]
+    python bench/bench.py [--profile embedded] [--out bench_out] [--n N] [--skip_runs]
 
 Reports, on the profile's models:
 - warm rerun / cold run (same command, same content cache; goal <= 0.05),
-- likelihood-panel time / one batched forward pass of the scoring model over the same texts (goal <= 1.2),
+- tokens/s of the likelihood-family panel (log-likelihood, rank, log-rank, entropy, LRR, Fast-DetectGPT and the
+  single-model Binoculars, all from one forward pass per text) and the ratio panel time / one batched forward pass of
+  the scoring model over the same texts (goal <= 1.2),
+- texts/s of the perturbation detectors (DetectGPT/NPR/ProxiHuman with causal-LM infill), cold: perturbations
+  generated and scored into an empty cache,
 - budget-sweep generation / eight candidates' generation (goal <= 1.05; needs a candidate-generating method),
 - texts per second for each stage, and which stage dominates the end-to-end time.
 """
@@ -28,11 +32,22 @@ def run(profile, out, store, extra=()):
     return time.perf_counter() - t
 
 
-def panel_vs_forward(out, cfg, n_texts=48, batch_size=8):
+def run_texts(out, n):
+    "The first `n` texts of a run's embedded dataset."
+    return [json.loads(l)["text"] for l in (Path(out) / "data" / "lee_news.jsonl").read_text().splitlines()][:n]
+
+
+def lee_texts(n, words=150):
+    "Without a run: the first `n` Lee corpus documents (human news), cut to `words` words."
+    from stealth_eval.data import lee_documents
+    docs = [d["text"] for d in lee_documents() if len(d["text"].split()) >= 40]
+    return [" ".join(t.split()[:words]) for t in docs[:n]]
+
+
+def panel_vs_forward(texts, cfg, batch_size=8):
     import torch
     from stealth_eval.detectors import panel_stats
     from stealth_eval.models import load_causal_lm
-    texts = [json.loads(l)["text"] for l in (Path(out) / "data" / "lee_news.jsonl").read_text().splitlines()][:n_texts]
     lm = load_causal_lm(cfg["scoring_model"], device=cfg["device"])
     tok, T = lm.tokenizer, cfg["score_max_tokens"]
     n_tokens = sum(min(len(tok(t).input_ids), T) for t in texts)
@@ -51,23 +66,70 @@ def panel_vs_forward(out, cfg, n_texts=48, batch_size=8):
             "ratio": t_panel / t_fwd, "panel_tokens_per_s": n_tokens / t_panel}
 
 
+def perturbation_throughput(texts, cfg, store, names=("detectgpt_lminfill", "npr_lminfill", "proxihuman_lminfill")):
+    "Texts/s of the perturbation detectors, cold (an empty cache): fills + scoring forward passes (+ embeddings)."
+    from stealth_eval.core import Cache
+    from stealth_eval.detectors import DETECTORS
+    from stealth_eval.models import load_causal_lm, load_embedder
+    from stealth_eval.perturbation import perturbation_params
+    p = perturbation_params(cfg)
+    load_causal_lm(p["infill_model"], device=cfg["device"]); load_causal_lm(cfg["scoring_model"], device=cfg["device"])
+    load_embedder(cfg["embedder"], device=cfg["device"])             # model loading is not timed
+    cache, done, out = Cache(store), set(), {}
+    for n in names:
+        det = DETECTORS.get(n)
+        t0 = time.perf_counter()
+        det.compute(texts, cfg, cache)
+        dt = time.perf_counter() - t0
+        note = ("cold: fills, then one scoring forward pass per perturbed text" if not done else
+                "same source as an earlier detector: nothing recomputed" if det.source(cfg) in done else
+                "reuses the cached perturbations; embeds them")
+        out[n] = {"seconds": round(dt, 2), "texts_per_s": round(len(texts) / dt, 3), "note": note}
+        done.add(det.source(cfg))
+    total = sum(v["seconds"] for v in out.values())
+    return {"texts": len(texts), "n_perturbations": p["n_perturbations"], "infill_model": p["infill_model"],
+            "detectors": out, "all_texts_per_s": round(len(texts) / total, 3),
+            "perturbed_texts_per_s": round(len(texts) * p["n_perturbations"] / total, 3)}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", default="embedded")
     ap.add_argument("--out", default=str(ROOT / "bench_out"))
+    ap.add_argument("--n", type=int, default=None, help="texts per class for the runs (data.n_per_class) and texts for the panel measurement")
+    ap.add_argument("--perturb_n", type=int, default=8, help="texts for the perturbation-detector throughput")
+    ap.add_argument("--n_perturbations", type=int, default=None, help="perturbations per text (default: the profile's)")
+    ap.add_argument("--skip_runs", action="store_true", help="only the panel and perturbation measurements (no end-to-end runs)")
     args = ap.parse_args()
     base = Path(args.out)
     shutil.rmtree(base, ignore_errors=True)
     store = base / "store"
-    cold = run(args.profile, base / "cold", store)
-    warm = run(args.profile, base / "warm", store)
+    if args.skip_runs:
+        from stealth_eval.config import resolve_config
+        cfg = resolve_config(args.profile, out_dir=str(base / "cfg"))
+        if args.n_perturbations: cfg["perturbation"] = {**(cfg.get("perturbation") or {}), "n_perturbations": args.n_perturbations}
+        pv = panel_vs_forward(lee_texts(args.n or 48), cfg)
+        pt = perturbation_throughput(lee_texts(args.perturb_n), cfg, base / "perturb_store")
+        report = {"profile": args.profile, "panel": {k: round(v, 3) if isinstance(v, float) else v for k, v in pv.items()},
+                  "perturbation": pt}
+        base.mkdir(parents=True, exist_ok=True)
+        (base / "bench.json").write_text(json.dumps(report, indent=2))
+        print(json.dumps(report, indent=2))
+        print(f"\npanel: {pv['panel_tokens_per_s']:.0f} tokens/s; panel/forward = {pv['ratio']:.2f} (goal <= 1.2); "
+              f"perturbation detectors: {pt['all_texts_per_s']} texts/s ({pt['n_perturbations']} perturbations each)")
+        return
+    extra = ["--set", f"data.n_per_class={args.n}"] if args.n else []
+    cold = run(args.profile, base / "cold", store, extra)
+    warm = run(args.profile, base / "warm", store, extra)
     info = json.loads((base / "cold" / "run_info.json").read_text())
     cfg = json.loads((base / "cold" / "config.json").read_text())
+    if args.n_perturbations: cfg["perturbation"] = {**(cfg.get("perturbation") or {}), "n_perturbations": args.n_perturbations}
     raw = [json.loads(l) for l in (base / "cold" / "raw_outputs.jsonl").read_text().splitlines()]
     n_rows = {"00_data": sum(1 for r in raw if r["method"] == "m0" and r["defense"] == "none"),
               "10_methods": len(raw), "20_detectors": len(raw), "30_calibration_metrics": len(raw), "40_figures": len(raw)}
     stages = {k: v["seconds"] for k, v in info["stages"].items()}
-    pv = panel_vs_forward(base / "cold", cfg)
+    pv = panel_vs_forward(run_texts(base / "cold", args.n or 48), cfg)
+    pt = perturbation_throughput(run_texts(base / "cold", args.perturb_n), cfg, base / "perturb_store")
     from stealth_eval.methods import METHODS
     sweep = ("n/a: no candidate-generating method (M1-M3) is registered yet, so there is no candidate pool to sweep"
              if not any(m in METHODS for m in ("m1", "m2", "m3")) else "not implemented in this benchmark yet")
@@ -76,6 +138,7 @@ def main():
                    f"{platform.release()}, python {platform.python_version()}",
         "profile": args.profile, "cold_run_s": round(cold, 1), "warm_rerun_s": round(warm, 1),
         "warm_over_cold": round(warm / cold, 4), "panel": {k: round(v, 3) if isinstance(v, float) else v for k, v in pv.items()},
+        "perturbation": pt,
         "budget_sweep_over_8_candidates": sweep,
         "stage_seconds_cold": stages,
         "stage_texts_per_s_cold": {k: round(n_rows[k] / max(v, 1e-9), 2) for k, v in stages.items()},
@@ -86,6 +149,8 @@ def main():
     dom = report["dominant_stage"]
     print(f"\nwarm/cold = {report['warm_over_cold']:.3f} (goal <= 0.05); panel/forward = {pv['ratio']:.2f} (goal <= 1.2); "
           f"budget sweep: {sweep}")
+    print(f"panel: {pv['panel_tokens_per_s']:.0f} tokens/s; perturbation detectors: {pt['all_texts_per_s']} texts/s "
+          f"({pt['n_perturbations']} perturbations each)")
     print(f"end-to-end: {dom} dominates ({stages[dom]:.0f} s of {sum(stages.values()):.0f} s in stages)")
 
 

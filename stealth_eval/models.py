@@ -277,7 +277,8 @@ def sample_continuations(lm: LoadedLM,
                          min_new_tokens=0,         # int or one per prompt (EOS is suppressed before it)
                          temperature: float = 1.0, top_p: float = 1.0,
                          batch_size: int = 8, desc: str = "generate",
-                         on_batch=None) -> list:       # called as on_batch(indices, token_lists) after each batch
+                         on_batch=None,            # called as on_batch(indices, token_lists) after each batch
+                         logits_processors=None) -> list:  # applied before the row sampler, in order (e.g. a watermark)
     "New token ids for each prompt (EOS excluded), batched, each row sampled with its own seeded generator."
     import torch
     from transformers import GenerationConfig
@@ -304,7 +305,7 @@ def sample_continuations(lm: LoadedLM,
         gc = GenerationConfig(do_sample=False, max_new_tokens=max(mx[i] for i in rows) + 1, pad_token_id=pad, eos_token_id=eos_ids)
         with torch.no_grad():
             out = lm.model.generate(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device), generation_config=gc,
-                                    logits_processor=[sampler])
+                                    logits_processor=[*(logits_processors or []), sampler])
         for r, i in enumerate(rows):
             new = out[r, L:].tolist()
             cut = next((k for k, t in enumerate(new) if t in eos_ids), len(new))
