@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: install run test test-fast report bench clean-run
+.PHONY: install run test test-fast report bench clean-run chromium
 
 install: $(VENV)/.installed
 
@@ -23,10 +23,20 @@ $(VENV)/.installed: setup.py settings.ini
 run: install
 	$(BIN)/stealth-eval $(ARGS)
 
-test: install
+test: install chromium
 	$(BIN)/nbdev_test --n_workers 1 --do_print
 	$(BIN)/python -m pytest tests -ra
 
+# Headless Chromium for tests/test_report.py (opens the report site, takes a screenshot): Debian's `chromium`,
+# installed when /usr/bin/chromium is missing and apt-get is available (with sudo when not root); otherwise that
+# test skips and says why.
+chromium:
+	@if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null \
+	    || echo "could not install chromium: the report screenshot test will skip"; fi
+
+# The report site of a run without Quarto: `make report ARGS="--out_dir artifacts/tiny"` writes artifacts/tiny/site/.
 report: install
 	$(BIN)/stealth-eval report $(ARGS)
 
