@@ -10,7 +10,9 @@ from conftest import read_json, run_cli, same_artifacts
 SCORE_COLS = ["sample_id", "dataset", "label", "method", "setting", "candidate_rank", "text_out", "len_tokens_out",
               "len_ratio", "detector_name", "detector_score_raw", "detector_score_ai"]
 QUALITY_COLS = ["sample_id", "dataset", "method", "setting", "sim", "ppl_score", "edit_rate", "valid", "fail_reason"]
-DETECTORS = ["log_likelihood", "log_rank", "fast_detectgpt", "binoculars_single"]
+from stealth_eval.config import PROFILES
+
+DETECTORS = PROFILES["tiny"]["detectors"]   # the tiny profile's panel (all from one forward pass)
 
 
 def test_artifacts_exist(tiny_run):
