@@ -100,7 +100,9 @@ def budget_sweep_ratio(texts, cfg, base):
     from stealth_eval.core import Cache
     from stealth_eval.paraphrase import method_m1
     from stealth_eval.models import load_causal_lm
+    from stealth_eval.models import load_embedder
     load_causal_lm(cfg.get("paraphraser") or cfg["generator"], device=cfg["device"])   # load once, outside the timing
+    load_embedder(cfg["embedder"], device=cfg["device"])                               # (M1 selects by similarity)
     items = [{"id": f"bench-{i}", "text": t, "dataset": "bench"} for i, t in enumerate(texts)]
     out = {}
     for name, ns in (("sweep_1_2_4_8", [1, 2, 4, 8]), ("eight", [8])):
