@@ -1,6 +1,9 @@
 """Shared fixtures: end-to-end runs of the real command line on the tiny profile (real offline models, small sample).
 
-The runs use the user cache (converted models and cached generations/scores) unless a test asks for `--no_cache`.
+The runs use the user's converted models. `tiny_run` keeps its generations and scores in a store of its own: float32
+forward passes differ in their last bits across torch thread counts (see the README's Determinism), so scores cached in
+the user store by another process (an `nbdev_test` kernel, a run with another OMP_NUM_THREADS) would make the
+cached-versus-recomputed comparison below fail for a reason that is not this run's.
 """
 import json
 import os
@@ -31,11 +34,11 @@ def nbs_digest():
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
-    "One end-to-end run of the tiny profile; returns (run folder, nbs digests before, after)."
-    out = tmp_path_factory.mktemp("tiny_run")
+    "One end-to-end run of the tiny profile with its own store; returns its folder, store, output and nbs digests."
+    out, store = tmp_path_factory.mktemp("tiny_run"), tmp_path_factory.mktemp("tiny_store")
     before = nbs_digest()
-    p = run_cli("--profile", "tiny", "--out_dir", out, "--offline")
-    return {"out": out, "stdout": p.stdout, "stderr": p.stderr, "nbs_before": before, "nbs_after": nbs_digest()}
+    p = run_cli("--profile", "tiny", "--out_dir", out, "--offline", "--cache_dir", store)
+    return {"out": out, "store": store, "stdout": p.stdout, "stderr": p.stderr, "nbs_before": before, "nbs_after": nbs_digest()}
 
 
 @pytest.fixture(scope="session")
