@@ -65,6 +65,8 @@ _EMBEDDED = {
         "t5_model": "t5-large", "t5_max_length": 150, "t5_max_input_tokens": 512,
         "infill_model": "smollm2-135m-instruct",   # offline variant (*_lminfill): the causal LM fills the spans
         "fill_max_tokens": 12, "infill_proposals": 1, "infill_lookahead": 4,  # K > 1: importance-resampled fills (21_perturbation)
+        "scoring_model": "smollm2-135m-instruct",  # DetectGPT/NPR scored by the generator (white-box, their papers' setting):
+                                                  # scored by Gemma they invert (21_perturbation); None: the panel's LM
         "max_attempts": 10, "batch_size": 16, "proxihuman_k": 5},
     "shield": {"random_p": [0.1, 0.4], "swap_p": [0.1, 0.4], "rounds": [5],  # SHIELD knobs (strategies: random, ai_swap, recursive)
                "rounds_p": 0.1, "top_k": 10, "mi_alpha": 1.0, "mi_top_saved": 100, "batch_size": 8},
@@ -121,7 +123,7 @@ PROFILES = {
         "shield_mlm": "roberta-base",
         "paraphraser": "Qwen/Qwen3-4B-Instruct-2507",
         "paraphrase_chunk_tokens": 512, "paraphrase_batch_size": 32,
-        "perturbation": {"n_perturbations": 100, "batch_size": 32},
+        "perturbation": {"n_perturbations": 100, "batch_size": 32, "scoring_model": None},  # scored by the panel's LM
         "m3_min_sim": 0.90,
         "methods": ["m0", "m1", "m2", "m3", "m4", "m5"],
         "n_candidates": [1, 2, 4, 8],

@@ -17,9 +17,10 @@ from .core import Cache, ComponentUnavailable, StealthEvalError, get_logger, pro
 
 # %% auto #0
 __all__ = ['PERTURB_VERSION', 'PERTURBATION_DEFAULTS', 'MASK', 'DETECTGPT', 'NPR', 'PROXIHUMAN', 'DETECTGPT_LMINFILL',
-           'NPR_LMINFILL', 'PROXIHUMAN_LMINFILL', 'perturbation_params', 'mask_spans', 'apply_fills', 'masked_words',
-           't5_masked_text', 'extract_t5_fills', 'load_t5', 't5_fill', 'lm_infill', 'filler_identity', 'perturb_texts',
-           'perturbation_scores', 'proxihuman_distance', 'proxihuman_scores', 'PerturbationDetector', 'make_tiny_t5']
+           'NPR_LMINFILL', 'PROXIHUMAN_LMINFILL', 'perturbation_params', 'perturbation_scorer', 'mask_spans',
+           'apply_fills', 'masked_words', 't5_masked_text', 'extract_t5_fills', 'load_t5', 't5_fill', 'lm_infill',
+           'filler_identity', 'perturb_texts', 'perturbation_scores', 'proxihuman_distance', 'proxihuman_scores',
+           'PerturbationDetector', 'make_tiny_t5']
 
 # %% ../nbs/21_perturbation.ipynb #790ffa7a
 PERTURB_VERSION = "perturb-v3"   # bump whenever masking or filling changes: part of every perturbation cache key
@@ -38,6 +39,8 @@ PERTURBATION_DEFAULTS = {
     "infill_proposals": 1,        # causal-LM infill: left-context samples per span, one kept by its fit to the right
                                   # (1: plain left-to-right fill; K > 1 costs more than K times the fill, see below)
     "infill_lookahead": 4,        # causal-LM infill: tokens of right context that weigh the proposals
+    "scoring_model": None,        # LM whose log-likelihoods and log-ranks DetectGPT and NPR compare (None: the panel's
+                                  # `scoring_model`); the embedded profile scores with its generator, see below
     "max_attempts": 10,           # T5 fills with too few spans are redrawn, at most this many times (DetectLLM: 10)
     "batch_size": 16,             # rows per fill batch
     "proxihuman_k": 5,            # ProxiHuman: nearest perturbed neighbours averaged (the paper leaves k open)
@@ -49,6 +52,10 @@ def perturbation_params(cfg: dict) -> dict:
     unknown = sorted(set(over) - set(PERTURBATION_DEFAULTS))
     if unknown: raise StealthEvalError(f"unknown perturbation settings {unknown}; known: {', '.join(PERTURBATION_DEFAULTS)}")
     return {**PERTURBATION_DEFAULTS, **over}
+
+def perturbation_scorer(cfg: dict) -> str:
+    "The LM that scores DetectGPT's and NPR's texts: `perturbation.scoring_model`, else the panel's `scoring_model`."
+    return perturbation_params(cfg)["scoring_model"] or cfg["scoring_model"]
 
 # %% ../nbs/21_perturbation.ipynb #0fab887a
 MASK = None   # a masked span in a token list (a span collapses to one entry, as in the reference)
@@ -370,7 +377,7 @@ def perturbation_scores(texts: list, mode: str, cfg: dict, cache: Cache) -> dict
     from stealth_eval.detectors import score_texts
     P = perturb_texts(texts, mode, cfg, cache)
     every = [v["source"] for v in P.values()] + [t for v in P.values() for t in v["perturbed"] if t is not None]
-    S = score_texts(every, cfg["scoring_model"], cfg, cache)
+    S = score_texts(every, perturbation_scorer(cfg), cfg, cache)
     out = {}
     for h, v in P.items():
         x = S.get(sha256_text(v["source"]))
@@ -444,17 +451,19 @@ class PerturbationDetector:
                     + (" (no T5 installs offline: the *_lminfill variants fill the spans with a causal LM)" if self.filler == "t5" else ""))
         if self.stat == "proxihuman" and offline_mode() and not available_offline(cfg["embedder"]):
             return f"offline, and the embedder {cfg['embedder']!r} is neither local nor cached"
+        if self.stat != "proxihuman" and offline_mode() and not available_offline(perturbation_scorer(cfg)):
+            return f"offline, and the scoring LM {perturbation_scorer(cfg)!r} is neither local nor cached"
         return ""
 
     def _settings(self, cfg: dict) -> str: return stable_hash(perturbation_params(cfg))[:16]
     def source(self, cfg: dict) -> tuple:
         p = perturbation_params(cfg)
         if self.stat == "proxihuman": return ("perturb_embed", self.filler, _filler(self.filler, p), cfg["embedder"], self._settings(cfg))
-        return ("perturb_lm", self.filler, _filler(self.filler, p), cfg["scoring_model"], self._settings(cfg))
+        return ("perturb_lm", self.filler, _filler(self.filler, p), perturbation_scorer(cfg), self._settings(cfg))
     def model(self, cfg: dict) -> str:
         from stealth_eval.detectors import _identity_of
         from stealth_eval.models import embedder_identity
-        scorer = embedder_identity(cfg["embedder"], cfg["device"]) if self.stat == "proxihuman" else _identity_of(cfg["scoring_model"], cfg)
+        scorer = embedder_identity(cfg["embedder"], cfg["device"]) if self.stat == "proxihuman" else _identity_of(perturbation_scorer(cfg), cfg)
         return f"{scorer} | fill: {filler_identity(self.filler, cfg)}"
     def compute(self, texts: list, cfg: dict, cache) -> dict:
         fn = proxihuman_scores if self.stat == "proxihuman" else perturbation_scores

@@ -149,6 +149,16 @@ def test_detectgpt_and_npr_match_slow_formulas_on_fixed_perturbations(models, tm
         sha256_text(t): {"source": t, "truncated": False, "perturbed": fixed[:1]} for t in texts})
     one = pt.perturbation_scores([src], "lminfill", _cfg(models), Cache(tmp_path / "store"))[sha256_text(src)]
     assert abs(one["detectgpt"] - (x["ll"] - slow_panel(models["a"], fixed[0])["ll"])) <= TOL
+    # `perturbation.scoring_model` scores with another LM (the embedded profile's white-box setting), and the
+    # detectors' model identity names it
+    other = pt.perturbation_scores([src], "lminfill", _cfg(models, scoring_model=models["b_path"]),
+                                   Cache(tmp_path / "store"))[sha256_text(src)]
+    xb = slow_panel(models["b"], src)
+    assert abs(other["detectgpt"] - (xb["ll"] - slow_panel(models["b"], fixed[0])["ll"])) <= TOL
+    assert abs(other["detectgpt"] - one["detectgpt"]) > 1e-3
+    cfg_b = _cfg(models, scoring_model=models["b_path"])
+    assert pt.DETECTGPT_LMINFILL.model(cfg_b).startswith(Path(models["b_path"]).name + "@")
+    assert pt.DETECTGPT_LMINFILL.source(cfg_b) != pt.DETECTGPT_LMINFILL.source(_cfg(models))
 
 
 def test_span_masking_rule():
@@ -293,3 +303,10 @@ def test_infill_document_start_token_on_the_real_tokenizers():
     "SmolLM2's nominal BOS is a chat-turn token: the infill starts documents with <|endoftext|>; Gemma adds its own BOS."
     smol = load_causal_lm("smollm2-135m-instruct", device="cpu").tokenizer
     assert pt._doc_start(smol) == smol.get_vocab()["<|endoftext|>"] != smol.bos_token_id
+
+
+def test_profiles_choose_the_perturbation_scorer():
+    from stealth_eval.config import resolve_config
+    emb, paper = resolve_config("embedded"), resolve_config("paper")
+    assert pt.perturbation_scorer(emb) == emb["generator"] != emb["scoring_model"]   # white-box offline (see 21_perturbation)
+    assert pt.perturbation_scorer(paper) == paper["scoring_model"]                 # the panel's LM in the paper profile
