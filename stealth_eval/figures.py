@@ -16,9 +16,9 @@ from .core import atomic_write_text, read_json, write_json
 __all__ = ['ABBREV', 'SHIELD_KNOBS', 'split_condition', 'parse_setting', 'format_setting', 'condition_key', 'short_label',
            'ai_conditions', 'knob_series', 'sim_median', 'method_color', 'heatmap_data', 'plot_heatmap', 'pareto_front',
            'tradeoff_data', 'plot_tradeoff', 'budget_sweep_data', 'plot_budget_sweep', 'roc_curve', 'strongest_attack',
-           'roc_data', 'plot_roc', 'shield_data', 'plot_shield', 'main_table', 'transfer_data', 'transfer_table',
-           'sanitize_rows', 'sanitize_table', 'plot_sanitize', 'mark_non_ascii', 'spread_conditions', 'qual_examples',
-           'run_figures_stage']
+           'roc_data', 'plot_roc', 'shield_data', 'plot_shield', 'detector_models', 'main_table', 'transfer_data',
+           'transfer_table', 'sanitize_rows', 'sanitize_table', 'plot_sanitize', 'mark_non_ascii', 'spread_conditions',
+           'qual_examples', 'run_figures_stage']
 
 # %% ../nbs/40_figures.ipynb #623d8554
 def split_condition(c: str) -> tuple:
@@ -345,9 +345,20 @@ def _fmt(v, nd=3): return "–" if v is None or (isinstance(v, float) and np.isn
 def _skipped_note(head: str, skipped: dict | None) -> list:
     return ["", f"**{head}** (not run, not replaced): " + "; ".join(f"{k}: {v}" for k, v in skipped.items()) + "."] if skipped else []
 
+def detector_models(scores, ds: str) -> dict:
+    """{detector: the model(s) behind its scores on `ds`}, with "white-box" where the scoring model is the one that
+    wrote the dataset's AI texts (the threat model differs from a surrogate scorer's, so the tables say so)."""
+    sub = scores[scores["dataset"] == ds]
+    gens = {str(g).split("+")[0] for g in sub.loc[sub["label"] == "ai", "generator"].dropna().unique()}
+    out = {}
+    for d, m in sub.groupby("detector_name", sort=True)["detector_model"].first().items():
+        scorer = str(m).split("@")[0]
+        out[d] = str(m) + (" (white-box: the scorer wrote the AI texts)" if scorer in gens else "")
+    return out
+
 def main_table(metrics: dict, thresholds: dict, ds: str, defense: str = "none", skipped: dict | None = None,
-               skipped_methods: dict | None = None) -> tuple:
-    "(markdown, latex) of the main table for one dataset."
+               skipped_methods: dict | None = None, models: dict | None = None) -> tuple:
+    "(markdown, latex) of the main table for one dataset; `models`: `detector_models(scores, ds)`."
     dets = [d for d in metrics[ds] if d != "mean"]
     conds = sorted({c for d in dets for c, m in metrics[ds][d].items() if m["defense"] == defense and m.get("label", "ai") == "ai"}, key=condition_key)
     head = ["Method"] + [f"{d} {k}" for d in dets for k in ("AUC", "TPR@1%FPR", "ASR")] + ["mean AUC", "mean TPR@1%FPR", "mean ASR"]
@@ -371,6 +382,7 @@ def main_table(metrics: dict, thresholds: dict, ds: str, defense: str = "none", 
         if t.get("threshold") is None: cal.append(f"{d}: no threshold ({t.get('note', '')})"); continue
         cal.append(f"{d}: threshold {t['threshold']:.4g} from {t['n_human']} human texts (achieved FPR {t['fpr_achieved']:.3f})"
                    + (f"; {t['note']}" if t.get("note") else ""))
+    if models: md += ["", "**Detectors** (model): " + "; ".join(f"{d}: {models[d]}" for d in dets if d in models) + "."]
     md += _skipped_note("Skipped", skipped) + _skipped_note("Skipped methods", skipped_methods)   # "Skipped": detectors
     md += ["", "Thresholds are calibrated on human texts only, at 1% FPR; a text is flagged when its AI-oriented score is "
            "at or above the threshold. ASR = share of the condition's AI texts below the threshold.", "",
@@ -526,7 +538,8 @@ def run_figures_stage(cfg: dict) -> list:
     for i, ds in enumerate(sorted(metrics)):
         written.append(plot_heatmap(metrics, ds, fig / f"fig_heatmap_t1f_{ds}.png"))
         if i == 0: written.append(plot_heatmap(metrics, ds, fig / "fig_heatmap_t1f.png"))
-        md, tex = main_table(metrics, thresholds, ds, skipped=skipped.get("detectors"), skipped_methods=skipped.get("methods"))
+        md, tex = main_table(metrics, thresholds, ds, skipped=skipped.get("detectors"), skipped_methods=skipped.get("methods"),
+                             models=detector_models(scores, ds))
         written += [atomic_write_text(tab / f"table_main_{ds}.md", md), atomic_write_text(tab / f"table_main_{ds}.tex", tex)]
         if sanitize_rows(metrics, ds):
             first = not any(Path(p).name == "table_sanitize.md" for p in written)
@@ -552,7 +565,8 @@ def run_figures_stage(cfg: dict) -> list:
     padben = [ds for ds in sorted(metrics) if ds.startswith("padben")]
     if padben:   # PADBen results are kept apart from the main benchmark tables (spec §3.3)
         written.append(atomic_write_text(tab / "table_padben.md", "\n".join(
-            main_table(metrics, thresholds, ds, skipped=skipped.get("detectors"), skipped_methods=skipped.get("methods"))[0] for ds in padben)))
+            main_table(metrics, thresholds, ds, skipped=skipped.get("detectors"), skipped_methods=skipped.get("methods"),
+                       models=detector_models(scores, ds))[0] for ds in padben)))
     else: notes["tables/table_padben.md"] = "no PADBen dataset in this run"
     quality_rows = pd.read_parquet(out / "quality.parquet")
     written.append(atomic_write_text(out / "qual_examples.md", qual_examples(scores, quality_rows, thresholds, cfg["n_examples"], cfg["seed"])))
