@@ -186,9 +186,11 @@ DETECTORS = Registry("detector", {
     # perturbation family (stealth_eval.perturbation, nbs/21_perturbation): T5 span filling as in the papers, and
     # the offline variant whose spans are filled by a causal LM (named as such)
     "detectgpt": "stealth_eval.perturbation:DETECTGPT",
+    "detectgpt_d": "stealth_eval.perturbation:DETECTGPT_D",
     "npr": "stealth_eval.perturbation:NPR",
     "proxihuman": "stealth_eval.perturbation:PROXIHUMAN",
     "detectgpt_lminfill": "stealth_eval.perturbation:DETECTGPT_LMINFILL",
+    "detectgpt_d_lminfill": "stealth_eval.perturbation:DETECTGPT_D_LMINFILL",
     "npr_lminfill": "stealth_eval.perturbation:NPR_LMINFILL",
     "proxihuman_lminfill": "stealth_eval.perturbation:PROXIHUMAN_LMINFILL",
     # supervised and watermark families (stealth_eval.supervised, nbs/22_supervised_watermark)

@@ -351,9 +351,10 @@ def detector_models(scores, ds: str) -> dict:
     sub = scores[scores["dataset"] == ds]
     gens = {str(g).split("+")[0] for g in sub.loc[sub["label"] == "ai", "generator"].dropna().unique()}
     out = {}
-    for d, m in sub.groupby("detector_name", sort=True)["detector_model"].first().items():
+    first = sub.groupby("detector_name", sort=True)[["detector_model", "detector_family"]].first()
+    for d, (m, fam) in first.iterrows():   # a watermark detector always holds the generator's key: not marked
         scorer = str(m).split("@")[0]
-        out[d] = str(m) + (" (white-box: the scorer wrote the AI texts)" if scorer in gens else "")
+        out[d] = str(m) + (" (white-box: the scorer wrote the AI texts)" if scorer in gens and fam != "watermark" else "")
     return out
 
 def main_table(metrics: dict, thresholds: dict, ds: str, defense: str = "none", skipped: dict | None = None,

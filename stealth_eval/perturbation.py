@@ -16,11 +16,11 @@ import numpy as np
 from .core import Cache, ComponentUnavailable, StealthEvalError, get_logger, progress, sha256_text, stable_hash
 
 # %% auto #0
-__all__ = ['PERTURB_VERSION', 'PERTURBATION_DEFAULTS', 'MASK', 'DETECTGPT', 'NPR', 'PROXIHUMAN', 'DETECTGPT_LMINFILL',
-           'NPR_LMINFILL', 'PROXIHUMAN_LMINFILL', 'perturbation_params', 'perturbation_scorer', 'mask_spans',
-           'apply_fills', 'masked_words', 't5_masked_text', 'extract_t5_fills', 'load_t5', 't5_fill', 'lm_infill',
-           'filler_identity', 'perturb_texts', 'perturbation_scores', 'proxihuman_distance', 'proxihuman_scores',
-           'PerturbationDetector', 'make_tiny_t5']
+__all__ = ['PERTURB_VERSION', 'PERTURBATION_DEFAULTS', 'MASK', 'DETECTGPT', 'DETECTGPT_D', 'NPR', 'PROXIHUMAN',
+           'DETECTGPT_LMINFILL', 'DETECTGPT_D_LMINFILL', 'NPR_LMINFILL', 'PROXIHUMAN_LMINFILL', 'perturbation_params',
+           'perturbation_scorer', 'mask_spans', 'apply_fills', 'masked_words', 't5_masked_text', 'extract_t5_fills',
+           'load_t5', 't5_fill', 'lm_infill', 'filler_identity', 'perturb_texts', 'perturbation_scores',
+           'proxihuman_distance', 'proxihuman_scores', 'PerturbationDetector', 'make_tiny_t5']
 
 # %% ../nbs/21_perturbation.ipynb #790ffa7a
 PERTURB_VERSION = "perturb-v3"   # bump whenever masking or filling changes: part of every perturbation cache key
@@ -388,7 +388,7 @@ def perturbation_scores(texts: list, mode: str, cfg: dict, cache: Cache) -> dict
         sd = float(lls.std()) if len(lls) > 1 else 1.0
         sd = sd if sd > 0 else 1.0
         lr_p = float(np.mean([s["logrank"] for s in pst]))
-        out[h] = {"detectgpt": (x["ll"] - float(lls.mean())) / sd,
+        out[h] = {"detectgpt": (x["ll"] - float(lls.mean())) / sd, "detectgpt_d": x["ll"] - float(lls.mean()),
                   "npr": lr_p / x["logrank"] if x["logrank"] > 0 else math.inf,
                   "ll": x["ll"], "ll_perturbed_mean": float(lls.mean()), "ll_perturbed_std": sd,
                   "logrank": x["logrank"], "logrank_perturbed_mean": lr_p, "n_perturbed": len(pst),
@@ -470,13 +470,16 @@ class PerturbationDetector:
         return fn(texts, self.filler, cfg, cache)
 
 _DGPT = "Mitchell et al. 2023 (DetectGPT, normalised perturbation discrepancy, population std)"
+_DGPT_D = "Mitchell et al. 2023 (DetectGPT, perturbation discrepancy, unnormalised: the reference's 'd' criterion)"
 _NPR = "Su et al. 2023 (DetectLLM NPR: mean perturbed log-rank / log-rank)"
 _PH = "Statistical Turing test paper (ProxiHuman: mean cosine distance to the k nearest perturbed neighbours)"
 _LM = "; spans filled left to right by a causal LM, not T5"
 DETECTGPT = PerturbationDetector("detectgpt", "curvature", "detectgpt", +1, _DGPT + "; T5 span filling", "t5")
+DETECTGPT_D = PerturbationDetector("detectgpt_d", "curvature", "detectgpt_d", +1, _DGPT_D + "; T5 span filling", "t5")
 NPR = PerturbationDetector("npr", "curvature", "npr", +1, _NPR + "; T5 span filling", "t5")
 PROXIHUMAN = PerturbationDetector("proxihuman", "embedding", "proxihuman", -1, _PH + "; T5 span filling", "t5")
 DETECTGPT_LMINFILL = PerturbationDetector("detectgpt_lminfill", "curvature", "detectgpt", +1, _DGPT + _LM, "lminfill")
+DETECTGPT_D_LMINFILL = PerturbationDetector("detectgpt_d_lminfill", "curvature", "detectgpt_d", +1, _DGPT_D + _LM, "lminfill")
 NPR_LMINFILL = PerturbationDetector("npr_lminfill", "curvature", "npr", +1, _NPR + _LM, "lminfill")
 PROXIHUMAN_LMINFILL = PerturbationDetector("proxihuman_lminfill", "embedding", "proxihuman", -1, _PH + _LM, "lminfill")
 

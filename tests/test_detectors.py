@@ -143,6 +143,7 @@ def test_detectgpt_and_npr_match_slow_formulas_on_fixed_perturbations(models, tm
     std = math.sqrt(sum((v - mean) ** 2 for v in lls) / len(lls))      # population std, as np.std in the reference
     assert got["n_perturbed"] == 4
     assert abs(got["detectgpt"] - (x["ll"] - mean) / std) <= TOL
+    assert abs(got["detectgpt_d"] - (x["ll"] - mean)) <= TOL                  # the reference's unnormalised 'd'
     assert abs(got["npr"] - (sum(p["logrank"] for p in ps) / len(ps)) / x["logrank"]) <= TOL
     # one perturbation only: the reference's std is 1
     monkeypatch.setattr(pt, "perturb_texts", lambda texts, mode, cfg, cache: {
