@@ -348,7 +348,8 @@ def _skipped_note(head: str, skipped: dict | None) -> list:
 def detector_models(scores, ds: str) -> dict:
     """{detector: the model(s) behind its scores on `ds`}, with "white-box" where the scoring model is the one that
     wrote the dataset's AI texts (the threat model differs from a surrogate scorer's, so the tables say so)."""
-    sub = scores[scores["dataset"] == ds]
+    if not {"dataset", "detector_name", "detector_model"} <= set(scores.columns): return {}   # a partial (toy) table
+    sub = scores[scores["dataset"] == ds].assign(**{c: "" for c in ("generator", "label", "detector_family") if c not in scores})
     gens = {str(g).split("+")[0] for g in sub.loc[sub["label"] == "ai", "generator"].dropna().unique()}
     out = {}
     first = sub.groupby("detector_name", sort=True)[["detector_model", "detector_family"]].first()
