@@ -121,7 +121,7 @@ def heatmap_data(metrics: dict, ds: str, key: str = "tpr1"):
 def plot_heatmap(metrics: dict, ds: str, path, key: str = "tpr1", title: str | None = None):
     plt = _plt()
     dets, conds, vals = heatmap_data(metrics, ds, key)
-    fig, ax = plt.subplots(figsize=(1.6 + 0.95 * len(conds), 1.2 + 0.55 * len(dets)))
+    fig, ax = plt.subplots(figsize=(max(4.2, 1.6 + 0.95 * len(conds)), 1.2 + 0.55 * len(dets)))   # wide enough for the title
     im = ax.imshow(vals, vmin=0, vmax=1, cmap="viridis", aspect="auto")
     ax.set_xticks(range(len(conds)), [short_label(c) for c in conds], rotation=40, ha="right")
     ax.set_yticks(range(len(dets)), dets)
@@ -131,8 +131,8 @@ def plot_heatmap(metrics: dict, ds: str, path, key: str = "tpr1", title: str | N
             ax.text(j, i, "–" if np.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=8,
                     color="black" if (not np.isnan(v) and v > 0.6) else "white")
     if "mean" in dets: ax.axhline(len(dets) - 1.5, color="white", lw=2)
-    fig.colorbar(im, ax=ax, label="TPR @ 1% FPR" if key == "tpr1" else key)
-    ax.set_title(title or f"{ds}: TPR at 1% FPR (threshold calibrated on human text)", fontsize=10)
+    fig.colorbar(im, ax=ax, label="TPR @ 1% FPR" if key == "tpr1" else key, fraction=0.08, pad=0.04)
+    ax.set_title(title or f"{ds}: TPR at 1% FPR\n(threshold calibrated on human text)", fontsize=10)
     fig.tight_layout()
     return _save(fig, path)
 
