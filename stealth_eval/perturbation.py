@@ -37,7 +37,8 @@ PERTURBATION_DEFAULTS = {
     "infill_model": "smollm2-135m-instruct",  # causal LM of the offline variant
     "fill_max_tokens": 12,        # causal-LM infill: at most this many tokens per span
     "infill_proposals": 1,        # causal-LM infill: left-context samples per span, one kept by its fit to the right
-                                  # (1: plain left-to-right fill; K > 1 costs more than K times the fill, see below)
+                                  # (1: plain left-to-right fill; K = 8 measured 4.1x the time of fill and
+                                  # scoring on 120-word texts, 9.2x the fill time on full ones, see below)
     "infill_lookahead": 4,        # causal-LM infill: tokens of right context that weigh the proposals
     "scoring_model": None,        # LM whose log-likelihoods and log-ranks DetectGPT and NPR compare (None: the panel's
                                   # `scoring_model`); the embedded profile scores with its generator, see below

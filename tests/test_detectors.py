@@ -311,3 +311,12 @@ def test_profiles_choose_the_perturbation_scorer():
     emb, paper = resolve_config("embedded"), resolve_config("paper")
     assert pt.perturbation_scorer(emb) == emb["generator"] != emb["scoring_model"]   # white-box offline (see 21_perturbation)
     assert pt.perturbation_scorer(paper) == paper["scoring_model"]                 # the panel's LM in the paper profile
+
+
+def test_perturbation_detector_skips_an_unreachable_scorer_offline(models, monkeypatch):
+    from stealth_eval import models as md
+    monkeypatch.setattr(md, "offline_mode", lambda: True)
+    cfg = _cfg(models, scoring_model="no-such-org/no-such-scorer")
+    assert "scoring LM 'no-such-org/no-such-scorer'" in pt.DETECTGPT_LMINFILL.unavailable(cfg)
+    assert pt.DETECTGPT_LMINFILL.unavailable(_cfg(models)) == ""             # local tiny scorer and filler: runs
+    assert "scoring LM" not in pt.PROXIHUMAN_LMINFILL.unavailable(cfg)        # ProxiHuman scores with the embedder
