@@ -20,10 +20,11 @@ from importlib import metadata
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['PROVENANCE_PACKAGES', 'StealthEvalError', 'UnknownNameError', 'ComponentUnavailable', 'Registry', 'project_root',
-           'user_cache_dir', 'resolve_path', 'sha256_bytes', 'sha256_text', 'stable_hash', 'file_sha256',
-           'atomic_write_bytes', 'atomic_write_text', 'to_jsonable', 'write_json', 'read_json', 'write_jsonl',
-           'read_jsonl', 'Cache', 'run_cache', 'get_logger', 'progress', 'package_versions', 'git_commit']
+__all__ = ['CACHE_FORMAT', 'PROVENANCE_PACKAGES', 'StealthEvalError', 'UnknownNameError', 'ComponentUnavailable', 'Registry',
+           'project_root', 'user_cache_dir', 'resolve_path', 'get_logger', 'progress', 'sha256_bytes', 'sha256_text',
+           'stable_hash', 'file_sha256', 'atomic_write_bytes', 'atomic_write_text', 'file_lock', 'build_file_once',
+           'to_jsonable', 'write_json', 'read_json', 'write_jsonl', 'read_jsonl', 'check_entry', 'Cache',
+           'verify_store', 'prune_store', 'run_cache', 'package_versions', 'git_commit']
 
 # %% ../nbs/01_core.ipynb #d5cc8c30
 class StealthEvalError(Exception):
@@ -84,6 +85,23 @@ def resolve_path(p, base: Path | None = None) -> Path:
     p = Path(p).expanduser()
     return p if p.is_absolute() else (base or project_root()) / p
 
+# %% ../nbs/01_core.ipynb #db52fda2
+def get_logger(name: str = "stealth_eval") -> logging.Logger:
+    logger = logging.getLogger(name)
+    if not logger.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        logger.addHandler(h)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger
+
+def progress(iterable=None, desc: str = "", total: int | None = None, **kw):
+    "A text progress bar on stderr (tqdm)."
+    from tqdm import tqdm
+    disable = os.environ.get("STEALTH_EVAL_PROGRESS", "1") == "0"
+    return tqdm(iterable, desc=desc, total=total, file=sys.stderr, mininterval=2.0, disable=disable, dynamic_ncols=False, **kw)
+
 # %% ../nbs/01_core.ipynb #d10fdcd7
 def sha256_bytes(b: bytes) -> str: return hashlib.sha256(b).hexdigest()
 def sha256_text(s: str) -> str: return sha256_bytes(s.encode("utf-8", "surrogatepass"))
@@ -116,6 +134,42 @@ def atomic_write_bytes(path, data: bytes) -> Path:
     return path
 
 def atomic_write_text(path, text: str) -> Path: return atomic_write_bytes(path, text.encode("utf-8"))
+
+class file_lock:
+    "An inter-process lock on `path` (the file `path.lock`, via `filelock`); logs once when it has to wait for another process."
+    def __init__(self, path, what: str = ""):  # what the holder is doing, for the waiting message
+        from filelock import FileLock
+        self.path, self.what = Path(path), what
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.lock = FileLock(str(self.path) + ".lock")
+
+    def __enter__(self):
+        from filelock import Timeout
+        try: self.lock.acquire(timeout=0)
+        except Timeout:
+            get_logger().info(f"waiting for another process {self.what or 'writing'} {self.path} ...")
+            self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc): self.lock.release()
+
+def build_file_once(path, build, check=None, what: str = "building") -> Path:
+    "Make `path` once: `build(tmp)` writes a temporary file in the same folder, renamed into place under a file lock; an existing file that fails `check` is rebuilt (one log line)."
+    path = Path(path)
+    if path.exists() and not (check and check(path)): return path   # the common case: built and sound, no lock needed
+    with file_lock(path, what):
+        if path.exists():
+            problem = check(path) if check else None
+            if not problem: return path                               # another process built it while we waited
+            get_logger().warning(f"{path}: {problem}; rebuilding it")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            build(Path(tmp))
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp): os.unlink(tmp)
+    return path
 
 def to_jsonable(obj):
     "Replace NaN/inf by None and numpy scalars/arrays by Python values, recursively."
@@ -151,13 +205,27 @@ def read_jsonl(path) -> list:
     return records
 
 # %% ../nbs/01_core.ipynb #7391886d
+CACHE_FORMAT = 2   # entry layout: {"key", "format", "sha256" (of the canonical value), "value"}
+
+def check_entry(raw: bytes, key: str | None = None) -> tuple:
+    "(problem or '', value) of a stored cache entry: unreadable, old format, wrong key or digest mismatch are problems."
+    try: entry = json.loads(raw)
+    except (ValueError, UnicodeDecodeError): return "unreadable (truncated or not JSON)", None
+    if not isinstance(entry, dict) or "value" not in entry: return "unreadable (not a cache entry)", None
+    if entry.get("format") != CACHE_FORMAT or "sha256" not in entry: return "old format (no digest)", None
+    if key is not None and entry.get("key") != key: return "wrong key", None
+    if stable_hash(entry["value"]) != entry["sha256"]: return "digest mismatch (value changed on disk)", None
+    return "", entry["value"]
+
 class Cache:
-    "Content-addressed JSON store with atomic writes and hit/miss counters."
+    "Content-addressed JSON store with atomic writes, a digest per entry and hit/miss counters."
     def __init__(self, root=None,  # folder (default: `user_cache_dir()/store`)
                  enabled: bool = True):  # False: never read or write (every lookup is a miss)
         self.root = Path(root) if root else user_cache_dir() / "store"
         self.enabled = enabled
         self.hits, self.misses = Counter(), Counter()
+        self.invalid = Counter()     # (namespace, problem) -> entries that failed their check (counted as misses)
+        self._reported = 0
 
     def key(self, namespace: str, **parts) -> str:
         "A key for `namespace` from the parts that determine the value."
@@ -170,44 +238,81 @@ class Cache:
     def get(self, key: str, default=None):
         ns = key.split("/")[0]
         if self.enabled:
-            try:
-                entry = json.loads(self._path(key).read_bytes())
-                if entry.get("key") == key:
+            try: raw = self._path(key).read_bytes()
+            except (FileNotFoundError, NotADirectoryError): raw = None
+            if raw is not None:
+                problem, value = check_entry(raw, key)
+                if not problem:
                     self.hits[ns] += 1
-                    return entry["value"]
-            except (FileNotFoundError, ValueError, KeyError, AttributeError):
-                pass
+                    return value
+                self.invalid[(ns, problem)] += 1   # a miss: the caller recomputes and `put` rewrites the entry
         self.misses[ns] += 1
         return default
 
     def put(self, key: str, value):
-        if self.enabled: atomic_write_text(self._path(key), json.dumps({"key": key, "value": value}))
+        if self.enabled:
+            canon = json.loads(json.dumps(value))   # the value as it will read back (tuples -> lists, int keys -> str)
+            atomic_write_text(self._path(key), json.dumps({"key": key, "format": CACHE_FORMAT,
+                                                           "sha256": stable_hash(canon), "value": value}))
         return value
 
     def stats(self) -> dict:
-        return {ns: {"hits": self.hits[ns], "misses": self.misses[ns]} for ns in sorted(set(self.hits) | set(self.misses))}
+        "Hits and misses per namespace (plus `invalid`: entries that failed their check); logs failed entries once."
+        n_bad = sum(self.invalid.values())
+        if n_bad > self._reported:
+            get_logger().warning(f"cache {self.root}: {n_bad} entr{'y' if n_bad == 1 else 'ies'} failed verification and "
+                                 "were recomputed and rewritten (" + "; ".join(f"{ns}: {n} {p}" for (ns, p), n in
+                                                                               sorted(self.invalid.items())) + ")")
+            self._reported = n_bad
+        out = {ns: {"hits": self.hits[ns], "misses": self.misses[ns]} for ns in sorted(set(self.hits) | set(self.misses))}
+        for (ns, _), n in self.invalid.items(): out[ns]["invalid"] = out[ns].get("invalid", 0) + n
+        return out
+
+def _store_files(root: Path):
+    "(entries, temporary files) under a cache store."
+    entries, temps = [], []
+    for p in sorted(Path(root).rglob("*")):
+        if not p.is_file(): continue
+        (temps if p.name.startswith(".") and p.name.endswith(".tmp") else entries).append(p)
+    return entries, temps
+
+def verify_store(root) -> dict:
+    "Check every entry of a cache store: counts per namespace and the problems found (with the files)."
+    root = Path(root)
+    if not root.is_dir(): raise StealthEvalError(f"{root}: no cache store there (not a folder)")
+    entries, temps = _store_files(root)
+    report = {"store": str(root), "entries": 0, "ok": 0, "namespaces": {}, "problems": {}, "bad": [], "temp_files": [str(p) for p in temps]}
+    for p in entries:
+        rel = p.relative_to(root).parts
+        ns = rel[0]
+        key = f"{ns}/{p.stem}" if len(rel) == 3 and p.suffix == ".json" and rel[1] == p.stem[:2] else None
+        problem = "not a cache entry path" if key is None else check_entry(p.read_bytes(), key)[0]
+        report["entries"] += 1
+        report["namespaces"][ns] = report["namespaces"].get(ns, 0) + 1
+        if problem:
+            report["problems"][problem] = report["problems"].get(problem, 0) + 1
+            report["bad"].append({"path": str(p), "problem": problem})
+        else: report["ok"] += 1
+    return report
+
+def prune_store(root, min_temp_age_s: float = 3600) -> dict:
+    "Delete entries that fail verification and temporary files older than `min_temp_age_s` (a live writer's are kept)."
+    import time
+    report = verify_store(root)
+    removed = []
+    for b in report["bad"]:
+        Path(b["path"]).unlink(missing_ok=True); removed.append(b["path"])
+    for t in report["temp_files"]:
+        try:
+            if time.time() - os.path.getmtime(t) >= min_temp_age_s: os.unlink(t); removed.append(t)
+        except FileNotFoundError: pass
+    report["removed"] = removed
+    return report
 
 # %% ../nbs/01_core.ipynb #11e9f9d6
 def run_cache(cfg: dict) -> Cache:
     "The content cache of a run: `cfg['cache_dir']` (default `user_cache_dir()/store`), disabled by `no_cache`."
     return Cache(cfg.get("cache_dir") or None, enabled=not cfg.get("no_cache", False))
-
-# %% ../nbs/01_core.ipynb #db52fda2
-def get_logger(name: str = "stealth_eval") -> logging.Logger:
-    logger = logging.getLogger(name)
-    if not logger.handlers:
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-        logger.addHandler(h)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-    return logger
-
-def progress(iterable=None, desc: str = "", total: int | None = None, **kw):
-    "A text progress bar on stderr (tqdm)."
-    from tqdm import tqdm
-    disable = os.environ.get("STEALTH_EVAL_PROGRESS", "1") == "0"
-    return tqdm(iterable, desc=desc, total=total, file=sys.stderr, mininterval=2.0, disable=disable, dynamic_ncols=False, **kw)
 
 # %% ../nbs/01_core.ipynb #c1d471de
 PROVENANCE_PACKAGES = ["stealth-eval", "torch", "transformers", "numpy", "pandas", "scipy", "sentence-transformers",
