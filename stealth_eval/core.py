@@ -189,7 +189,7 @@ def write_jsonl(path, records) -> Path:
     lines = [json.dumps(to_jsonable(r), ensure_ascii=False, allow_nan=False) for r in records]
     return atomic_write_text(path, "".join(l + "\n" for l in lines))
 
-def read_jsonl(path) -> list:
+def read_jsonl(path, line_numbers: list | None = None) -> list:  # line_numbers: filled with each record's line number
     "Records of a JSONL file; invalid UTF-8, invalid JSON or a non-object line fail with `file:line`."
     records = []
     for i, line in enumerate(Path(path).read_bytes().split(b"\n"), 1):
@@ -202,6 +202,7 @@ def read_jsonl(path) -> list:
             raise StealthEvalError(f"{path}:{i}: not valid JSON ({e.msg} at column {e.colno})") from None
         if not isinstance(rec, dict): raise StealthEvalError(f"{path}:{i}: expected a JSON object, got {type(rec).__name__}")
         records.append(rec)
+        if line_numbers is not None: line_numbers.append(i)
     return records
 
 # %% ../nbs/01_core.ipynb #7391886d

@@ -14,11 +14,11 @@ from .core import (Cache, Registry, StealthEvalError, get_logger, read_json, rea
                                write_json, write_jsonl)
 
 # %% auto #0
-__all__ = ['SCHEMA', 'LABELS', 'TRAIN_SPLIT_USERS', 'DATASETS', 'text_validity', 'validate_records', 'load_dataset_file',
-           'normalize_ws', 'lee_documents', 'needs_train_split', 'train_split_path', 'load_train_split',
-           'build_lee_news', 'build_lee_news_kgw', 'dataset_card', 'stratified_sample', 'drop_repeated_human_texts',
-           'benchmark_train_split', 'benchmark_builder', 'dataset_path', 'run_data_stage', 'load_run_dataset',
-           'card_markdown']
+__all__ = ['SCHEMA', 'LABELS', 'TRAIN_SPLIT_USERS', 'DATASETS', 'text_validity', 'validate_records', 'check_usable',
+           'load_dataset_file', 'normalize_ws', 'lee_documents', 'needs_train_split', 'train_split_path',
+           'load_train_split', 'build_lee_news', 'build_lee_news_kgw', 'dataset_card', 'stratified_sample',
+           'drop_repeated_human_texts', 'benchmark_train_split', 'benchmark_builder', 'dataset_path', 'run_data_stage',
+           'load_run_dataset', 'card_markdown']
 
 # %% ../nbs/00_data.ipynb #64d8f460
 SCHEMA = ["id", "label", "domain", "generator", "text"]
@@ -36,13 +36,55 @@ def text_validity(text, min_words: int = 10, source: str | None = None, max_len_
 
 # %% ../nbs/00_data.ipynb #388dc19f
 def _read_table(path: Path):
+    "A dataset file as a table (every column read as text for CSV); an unreadable file fails with one line naming it."
     import pandas as pd
-    if path.suffix == ".jsonl": return pd.DataFrame(read_jsonl(path))
+    if path.suffix == ".jsonl":
+        lines = []
+        records = read_jsonl(path, lines)
+        _check_unicode(records, lines, path)
+        df = pd.DataFrame(records)
+        df.attrs["lines"] = lines                     # rows are named by their line in the file
+        return df
     if path.suffix == ".csv":
-        try: return pd.read_csv(path, dtype={"id": str}, keep_default_na=False, na_values=[""], encoding="utf-8")
+        try: return pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""], encoding="utf-8")
         except UnicodeDecodeError as e: raise StealthEvalError(f"{path}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
-    if path.suffix == ".parquet": return pd.read_parquet(path)
+        except (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+            raise StealthEvalError(f"{path}: not a readable CSV file ({_first_line(e)})") from None
+    if path.suffix == ".parquet":
+        try: return pd.read_parquet(path)
+        except Exception as e:    # pyarrow raises ArrowInvalid, OSError or others for a damaged or non-Parquet file
+            raise StealthEvalError(f"{path}: not a readable Parquet file ({type(e).__name__}: {_first_line(e)})") from None
     raise StealthEvalError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .csv or .parquet)")
+
+def _first_line(e: Exception) -> str: return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+def _row_names(df) -> list:
+    "How to name each row in an error: its line in a JSONL file, else its 1-based row number."
+    lines = df.attrs.get("lines")
+    return [f"line {n}" for n in lines] if lines and len(lines) == len(df) else [f"row {i + 1}" for i in range(len(df))]
+
+def _check_unicode(records: list, lines: list, source):
+    "Fail on the first string that is not valid Unicode (a lone surrogate, which JSON's `\\ud800` escapes allow)."
+    for rec, n in zip(records, lines):
+        for c, v in rec.items():
+            if not isinstance(v, str): continue
+            try: v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise StealthEvalError(f"{source}: line {n}: column {c!r} holds a lone surrogate ({v[e.start]!a}) at "
+                                       f"character {e.start}; not valid Unicode text") from None
+
+def _check_cells(df, source: str):
+    "Fail on the first text that is not a string (a number, a list)."
+    import pandas as pd
+    names = _row_names(df)
+    for i, t in enumerate(df["text"]):
+        if t is None or isinstance(t, str) or (not hasattr(t, "__len__") and pd.isna(t)): continue
+        raise StealthEvalError(f"{source}: {names[i]} (id {str(df['id'].iloc[i])!r}): text is {type(t).__name__} "
+                               f"{_short(t)}, expected a string")
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
 
 def _few(xs, k=5) -> str:
     xs = list(xs)
@@ -55,6 +97,7 @@ def validate_records(df, source: str, min_words: int = 10):
     if missing:
         raise StealthEvalError(f"{source}: missing column(s) {_few(missing)}; required: {', '.join(SCHEMA)}; "
                                f"found: {', '.join(map(str, df.columns)) or 'none'}")
+    _check_cells(df, source)
     df = df.copy()
     bad_id = df["id"].isna() | (df["id"].astype(str).str.strip() == "")
     if bad_id.any(): raise StealthEvalError(f"{source}: {int(bad_id.sum())} row(s) without an id (rows {_few(df.index[bad_id])})")
@@ -72,6 +115,17 @@ def validate_records(df, source: str, min_words: int = 10):
     df["valid"] = [v for v, _ in checks]
     df["fail_reason"] = [r for _, r in checks]
     return df.reset_index(drop=True)
+
+def check_usable(df, source: str):
+    "Refuse a dataset without valid human texts (no threshold can be calibrated) or without valid AI texts (nothing to detect)."
+    for lab, why in (("human", "thresholds are calibrated on human texts"), ("ai", "there is nothing to detect")):
+        rows = df[df["label"] == lab]
+        if not rows["valid"].any():
+            reasons = Counter(rows["fail_reason"])
+            raise StealthEvalError(f"{source}: no valid {lab} texts ({len(rows)} {lab} row(s)"
+                                   + (": " + ", ".join(f"{n} {r}" for r, n in reasons.items()) if len(rows) else "")
+                                   + f"); {why}, so this dataset cannot be evaluated")
+    return df
 
 def load_dataset_file(path, min_words: int = 10):
     "A user's dataset file, checked (see `validate_records`)."
@@ -355,20 +409,24 @@ def run_data_stage(cfg: dict, cache: Cache | None = None):
     "Build or load every dataset of the run; write `data/<name>.jsonl`, its card and its training split; return a summary."
     import pandas as pd
     cache = cache or run_cache(cfg)
-    rows = []
+    rows, errors = [], []
     for spec in cfg["datasets"]:
         name = spec["name"]
         train = None
-        if spec["path"]:
-            df = load_dataset_file(spec["path"], cfg["validity"]["min_words"])
-            drops, source = [], spec["path"]
-        else:
-            builder = DATASETS.get(name)
-            out = builder(cfg, cache, name) if hasattr(builder, "folder") else builder(cfg, cache)
-            records, drops = out[0], out[1]
-            train = out[2] if len(out) > 2 else None   # a builder may return its training split as a third item
-            df = validate_records(pd.DataFrame(records), f"dataset {name}", cfg["validity"]["min_words"])
-            source = f"builder {name} (profile {cfg['profile']})"
+        try:
+            if spec["path"]:
+                df = check_usable(load_dataset_file(spec["path"], cfg["validity"]["min_words"]), spec["path"])
+                drops, source = [], spec["path"]
+            else:
+                builder = DATASETS.get(name)
+                out = builder(cfg, cache, name) if hasattr(builder, "folder") else builder(cfg, cache)
+                records, drops = out[0], out[1]
+                train = out[2] if len(out) > 2 else None   # a builder may return its training split as a third item
+                df = check_usable(validate_records(pd.DataFrame(records), f"dataset {name}", cfg["validity"]["min_words"]),
+                                  f"dataset {name}")
+                source = f"builder {name} (profile {cfg['profile']})"
+        except StealthEvalError as e:   # the other datasets are still built (and cached) before the run stops
+            errors.append(str(e)); continue
         write_jsonl(dataset_path(cfg["out_dir"], name), df.to_dict(orient="records"))
         card = dataset_card(name, df, drops, source)
         card["train_split"] = _write_train_split(cfg, name, train)
@@ -377,6 +435,7 @@ def run_data_stage(cfg: dict, cache: Cache | None = None):
                      "invalid": card["n_invalid"], "dropped": sum(card["dropped"].values()),
                      "train": card["train_split"].get("n_rows", 0)})
     write_json(Path(cfg["out_dir"]) / "cache_stats" / "00_data.json", cache.stats())
+    if errors: raise StealthEvalError("; ".join(errors))
     return pd.DataFrame(rows)
 
 def load_run_dataset(out_dir, name: str):
