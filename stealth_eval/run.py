@@ -16,11 +16,13 @@ from .core import (StealthEvalError, file_sha256, get_logger, git_commit, packag
                                project_root, read_json, write_json)
 
 # %% auto #0
-__all__ = ['PIPELINE', 'OFFLINE_ENV', 'build_parser', 'check_offline', 'run_pipeline', 'headline', 'readme_from_index',
-           'report_main', 'main']
+__all__ = ['PIPELINE', 'EXIT_OK', 'EXIT_INTERNAL', 'EXIT_USER', 'EXIT_INTERRUPTED', 'OFFLINE_ENV', 'DATASET_SUFFIXES',
+           'build_parser', 'check_offline', 'RunInterrupted', 'check_dataset_args', 'usable_dir', 'kernel_problem',
+           'run_pipeline', 'headline', 'readme_from_index', 'report_main', 'cache_report', 'cache_main', 'main']
 
 # %% ../nbs/90_run.ipynb #8de8dc29
 PIPELINE = ["00_data", "10_methods", "20_detectors", "30_calibration_metrics", "40_figures"]
+EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED = 0, 1, 2, 130   # exit status: ok, internal error, user error, Ctrl-C
 
 def build_parser() -> argparse.ArgumentParser:
     from stealth_eval.config import PROFILES
@@ -66,6 +68,46 @@ def check_offline(cfg: dict):
                                + ", ".join(f"{k}={v!r}" for k, v in missing.items())
                                + " (use --profile embedded, or --set KEY=/path/to/local/model)")
 
+DATASET_SUFFIXES = (".jsonl", ".csv", ".parquet")
+
+class RunInterrupted(Exception):
+    "Ctrl-C during a stage (`stage` names it)."
+    def __init__(self, stage: str): super().__init__(stage); self.stage = stage
+
+def check_dataset_args(datasets):
+    "Refuse a dataset argument that looks like a file of a type that is not read (`.json`, `.txt`, ...)."
+    from stealth_eval.data import DATASETS
+    for d in datasets or []:
+        suffix = Path(str(d)).suffix
+        if suffix and suffix not in DATASET_SUFFIXES and str(d) not in DATASETS:
+            raise StealthEvalError(f"{d}: unsupported dataset file type {suffix!r}; dataset files are read as "
+                                   f"{', '.join(DATASET_SUFFIXES)}; dataset names: {', '.join(DATASETS.names())}")
+
+def usable_dir(path, flag: str) -> Path:
+    "`path` as a writable folder (created if missing), or a one-line error naming the flag."
+    import os
+    path = Path(path)
+    if path.exists() and not path.is_dir(): raise StealthEvalError(f"{flag} {path}: exists and is not a folder")
+    try: path.mkdir(parents=True, exist_ok=True)
+    except OSError as e: raise StealthEvalError(f"{flag} {path}: cannot be created ({e.strerror or e})") from None
+    if not os.access(path, os.W_OK | os.X_OK): raise StealthEvalError(f"{flag} {path}: not writable")
+    return path
+
+def kernel_problem(e: Exception):
+    "A one-line explanation when `e` says the Jupyter kernel that runs a stage could not start or died, else None."
+    name, msg = type(e).__name__, (str(e).strip().splitlines() or [""])[0]
+    if name == "NoSuchKernel":
+        return (f"no Jupyter kernel named {msg or 'python3'} (install one with `{sys.executable} -m ipykernel install --user`)")
+    if name in ("DeadKernelError", "CellTimeoutError") or (isinstance(e, (RuntimeError, TimeoutError)) and "ernel" in msg):
+        return (f"the Jupyter kernel that runs the stage could not start or died ({name}: {msg}). Stages run in a local "
+                f"ipykernel reached over TCP on the loopback interface (127.0.0.1): check that it is up (`ip addr show lo`) "
+                f"and that `{sys.executable} -m ipykernel_launcher --version` works")
+    return None
+
+def _stage_status(info: dict, out: Path, nb: str, status: str, t0: float, error: str | None = None):
+    info["stages"][nb] = {"status": status, "seconds": round(time.time() - t0, 1), **({"error": error} if error else {})}
+    write_json(out / "run_info.json", info)
+
 def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detectors=None, n_candidates=None,
                  out_dir: str = "artifacts", seed: int = 0, overrides=None, no_cache: bool = False, nbs_dir=None,
                  offline: bool = False, trust_remote_code: bool = False, cache_dir=None) -> Path:
@@ -78,41 +120,65 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
     ov = parse_set(overrides) if isinstance(overrides, list) else dict(overrides or {})
     if trust_remote_code: ov["trust_remote_code"] = True
     if cache_dir: ov["cache_dir"] = str(cache_dir)
+    from stealth_eval.data import check_usable
+    check_dataset_args(datasets)
     cfg = resolve_config(profile, datasets, methods, detectors, n_candidates, seed, out_dir, ov, no_cache)
     if offline:
         os.environ.update(OFFLINE_ENV)   # inherited by every stage's kernel: hub clients refuse network access
         check_offline(cfg)
-    for spec in cfg["datasets"]:
-        if spec["path"]: load_dataset_file(spec["path"], cfg["validity"]["min_words"])  # fail before any stage runs
+    for spec in cfg["datasets"]:          # fail before any stage runs
+        if spec["path"]: check_usable(load_dataset_file(spec["path"], cfg["validity"]["min_words"]), spec["path"])
     nbs = _notebooks_dir(nbs_dir)
-    out = Path(cfg["out_dir"]); (out / "notebooks").mkdir(parents=True, exist_ok=True)
+    out = usable_dir(cfg["out_dir"], "--out_dir")
+    if cfg.get("cache_dir") and not no_cache: usable_dir(cfg["cache_dir"], "--cache_dir")
+    (out / "notebooks").mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", cfg)
     params = dict(out_dir=cfg["out_dir"], profile=profile, datasets=[d["path"] or d["name"] for d in cfg["datasets"]],
                   methods=cfg["methods"], detectors=cfg["detectors"], n_candidates=cfg["n_candidates"], seed=cfg["seed"],
                   overrides=ov, no_cache=bool(no_cache))
     info = {"command": sys.argv, "parameters": params, "offline": bool(offline), "versions": package_versions(), "git": git_commit(),
             "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "stages": {}}
+    mon = None
+    if cfg.get("rehearsal"):   # random-weight stand-ins (06_rehearsal): said in large letters, memory polled per stage
+        from stealth_eval.rehearsal import StageMonitor, banner
+        info["rehearsal"], mon = True, StageMonitor()
+        log.warning("\n" + banner())
     write_json(out / "run_info.json", info)
     log.info(f"run folder {out} (profile {profile}, datasets {[d['name'] for d in cfg['datasets']]}, "
              f"methods {cfg['methods']}, detectors {cfg['detectors']})")
     for nb in PIPELINE:
         t0 = time.time()
         log.info(f"stage {nb} ...")
+        if mon: mon.start()
         try:
             pm.execute_notebook(str(nbs / f"{nb}.ipynb"), str(out / "notebooks" / f"{nb}.ipynb"), parameters=params,
                                 kernel_name="python3", cwd=str(project_root()), progress_bar=False, log_output=True,
                                 extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+        except KeyboardInterrupt:
+            _stage_status(info, out, nb, "interrupted", t0)
+            raise RunInterrupted(nb) from None
         except pm.PapermillExecutionError as e:
-            info["stages"][nb] = {"status": "failed", "seconds": round(time.time() - t0, 1), "error": f"{e.ename}: {e.evalue}"}
-            write_json(out / "run_info.json", info)
+            if e.ename == "KeyboardInterrupt":    # the kernel got the interrupt first
+                _stage_status(info, out, nb, "interrupted", t0)
+                raise RunInterrupted(nb) from None
+            _stage_status(info, out, nb, "failed", t0, f"{e.ename}: {e.evalue}")
             raise StealthEvalError(f"stage {nb} failed: {e.ename}: {e.evalue}\n(the executed notebook with the full "
                                    f"traceback: {out / 'notebooks' / (nb + '.ipynb')})") from None
-        info["stages"][nb] = {"status": "ok", "seconds": round(time.time() - t0, 1)}
+        except Exception as e:
+            why = kernel_problem(e)
+            if why is None: raise
+            _stage_status(info, out, nb, "failed", t0, why)
+            raise StealthEvalError(f"stage {nb}: {why}") from None
+        info["stages"][nb] = {"status": "ok", "seconds": round(time.time() - t0, 1), **(mon.stop() if mon else {})}
         write_json(out / "run_info.json", info)
         log.info(f"stage {nb} done in {time.time() - t0:.0f} s")
     info["data_sha256"] = {p.name: file_sha256(p) for p in sorted((out / "data").glob("*.jsonl"))}
     info["files"] = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and "notebooks" not in p.parts)
     info["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    if mon:   # tokens/s and peak memory per model, rehearsal_report.md
+        from stealth_eval.rehearsal import finish_rehearsal
+        write_json(out / "run_info.json", info)
+        finish_rehearsal(out, cfg, info)
     write_json(out / "run_info.json", info)
     return out
 
@@ -120,6 +186,9 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
 def headline(out: Path) -> str:
     m = read_json(Path(out) / "metrics.json")
     lines = []
+    if (Path(out) / "config.json").exists() and read_json(Path(out) / "config.json").get("rehearsal"):
+        from stealth_eval.rehearsal import banner
+        lines.append(banner())
     for ds, dd in m.items():
         lines.append(f"{ds}: mean over detectors (TPR@1%FPR, AUROC)")
         for c, v in sorted(dd.get("mean", {}).items(), key=lambda kv: (kv[1]["defense"] != "none", kv[0])):
@@ -154,29 +223,79 @@ def report_main(argv) -> int:
     print(f"wrote {site / 'index.html'} ({len(list(site.glob('*.html')))} pages)")
     return 0
 
+# %% ../nbs/90_run.ipynb #5e8c1d27
+def cache_report(rep: dict) -> str:
+    "A few lines describing what `verify_store` / `prune_store` found."
+    ns = ", ".join(f"{k} {v}" for k, v in sorted(rep["namespaces"].items())) or "none"
+    lines = [f"store {rep['store']}: {rep['entries']} entries ({ns}); {rep['ok']} verified"]
+    if rep["problems"]: lines.append("failed: " + "; ".join(f"{n} {p}" for p, n in sorted(rep["problems"].items())))
+    if rep["temp_files"]: lines.append(f"{len(rep['temp_files'])} temporary file(s) left by interrupted writes")
+    if "removed" in rep: lines.append(f"removed {len(rep['removed'])} file(s)")
+    return "\n".join(lines)
+
+def cache_main(argv) -> int:
+    "`stealth-eval cache verify|prune`: check a content store (exit 1 if entries fail) or delete what fails."
+    from stealth_eval.core import prune_store, resolve_path, user_cache_dir, verify_store
+    p = argparse.ArgumentParser(prog="stealth-eval cache", description="Check (verify) or clean (prune) a content cache "
+                                "store: every entry's key, format and value digest.")
+    p.add_argument("action", choices=["verify", "prune"], help="verify: report, exit 1 if any entry fails; "
+                   "prune: delete failing entries and temporary files older than --min_temp_age")
+    p.add_argument("--cache_dir", default=None, help="the store (default: ~/.cache/stealth_eval/store)")
+    p.add_argument("--min_temp_age", type=float, default=3600, help="seconds before a temporary file counts as abandoned (default 3600)")
+    args = p.parse_args(argv)
+    store = resolve_path(args.cache_dir) if args.cache_dir else user_cache_dir() / "store"
+    try:
+        rep = verify_store(store) if args.action == "verify" else prune_store(store, args.min_temp_age)
+    except StealthEvalError as e:
+        print(f"stealth-eval cache: error: {e}", file=sys.stderr)
+        return EXIT_USER
+    print(cache_report(rep))
+    if args.action == "verify" and rep["problems"]:
+        for b in rep["bad"][:10]: print(f"  {b['path']}: {b['problem']}")
+        if len(rep["bad"]) > 10: print(f"  ... and {len(rep['bad']) - 10} more (`stealth-eval cache prune` deletes them)")
+        return 1
+    return EXIT_OK
+
 # %% ../nbs/90_run.ipynb #c9e263fd
+def _resume_line(stage: str | None, argv: list, args) -> str:
+    "The one line printed on Ctrl-C: what was interrupted, where the finished work is, the command that resumes."
+    import shlex
+    from stealth_eval.core import resolve_path, user_cache_dir
+    where = f"in stage {stage}" if stage else "before the first stage"
+    if args is not None and args.no_cache: kept = "nothing was cached (--no_cache)"
+    else:
+        store = resolve_path(args.cache_dir) if args is not None and args.cache_dir else user_cache_dir() / "store"
+        kept = f"finished work is kept in the cache ({store})"
+    return f"stealth-eval: interrupted {where}; {kept}; resume with: stealth-eval {shlex.join(argv)}".rstrip()
+
 def main(argv=None) -> int:
+    "The command line; exit status 0 ok, 1 internal error, 2 user error, 130 interrupted (Ctrl-C)."
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["readme"]:
         (project_root() / "README.md").write_text(readme_from_index(), encoding="utf-8")
         print(f"wrote {project_root() / 'README.md'}")
-        return 0
+        return EXIT_OK
     if argv[:1] == ["report"]: return report_main(argv[1:])
-    args = build_parser().parse_args(argv)
-    if args.list:
-        from stealth_eval.config import PROFILES, registries
-        print("profiles:", ", ".join(PROFILES))
-        for kind, reg in registries().items(): print(f"{kind}s:", ", ".join(reg.names()))
-        return 0
+    if argv[:1] == ["cache"]: return cache_main(argv[1:])
+    args = None
     try:
+        args = build_parser().parse_args(argv)
+        if args.list:
+            from stealth_eval.config import PROFILES, registries
+            print("profiles:", ", ".join(PROFILES))
+            for kind, reg in registries().items(): print(f"{kind}s:", ", ".join(reg.names()))
+            return EXIT_OK
         out = run_pipeline(args.profile, args.datasets, args.methods, args.detectors, args.n_candidates, args.out_dir,
                            args.seed, args.overrides, args.no_cache, args.nbs_dir, args.offline, args.trust_remote_code,
                            args.cache_dir)
     except StealthEvalError as e:
         print(f"stealth-eval: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USER
+    except (RunInterrupted, KeyboardInterrupt) as e:
+        print(_resume_line(getattr(e, "stage", None), argv, args), file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(headline(out))
-    return 0
+    return EXIT_OK
 
 # %% ../nbs/90_run.ipynb #6bb3518f
 #| eval: false
