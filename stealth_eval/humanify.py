@@ -288,7 +288,7 @@ class MaskedInfill:
         self.name = p.name if p.is_dir() else spec.split("/")[-1]
         try:
             self.tok = AutoTokenizer.from_pretrained(spec, local_files_only=offline_mode())
-            self.model = AutoModelForMaskedLM.from_pretrained(spec, use_safetensors=None, local_files_only=offline_mode()).to(self.device).eval()
+            self.model = AutoModelForMaskedLM.from_pretrained(spec, use_safetensors=True, local_files_only=offline_mode()).to(self.device).eval()
         except (OSError, ValueError) as e:
             raise ComponentUnavailable(f"masked LM {spec!r} cannot load here: {str(e).splitlines()[0]}") from None
         if self.tok.mask_token_id is None: raise ComponentUnavailable(f"{spec!r} has no mask token: not a masked LM")

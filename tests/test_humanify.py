@@ -189,6 +189,15 @@ def test_masked_lm_path_on_a_tiny_roberta(env, tmp_path):
     f = [o["candidates"][0]["facts"] for o in out]
     assert f[0]["words_changed"] == math.floor(0.1 * n_s) and f[1]["words_changed"] == math.floor(0.3 * n_s)
     assert f[0]["infill_model"].startswith("tiny-roberta@local:")
+    # safetensors only: the same weights as a pickle (pytorch_model.bin) are refused, never unpickled
+    from safetensors.torch import load_file
+    from stealth_eval.humanify import MaskedInfill
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ComponentUnavailable, match="cannot load"): MaskedInfill(str(folder), device="cpu")
+    out = method_shield([item], {**cfg, "shield": {**cfg["shield"], "swap_p": []}}, Cache(enabled=False))[0]
+    assert out[0]["setting"] == "strategy=random,p=0.1,infill=causal_lm"
+    assert "cannot load" in out[0]["candidates"][0]["facts"]["infill_fallback_reason"]
 
 
 def test_unloadable_masked_lm_falls_back_under_its_own_name(env, tmp_path, monkeypatch):
