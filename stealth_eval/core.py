@@ -193,6 +193,7 @@ def read_jsonl(path, line_numbers: list | None = None) -> list:  # line_numbers:
     "Records of a JSONL file; invalid UTF-8, invalid JSON or a non-object line fail with `file:line`."
     records = []
     for i, line in enumerate(Path(path).read_bytes().split(b"\n"), 1):
+        if i == 1 and line.startswith(b"\xef\xbb\xbf"): line = line[3:]   # a UTF-8 byte-order mark
         if not line.strip(): continue
         try: s = line.decode("utf-8")
         except UnicodeDecodeError as e:

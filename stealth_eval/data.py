@@ -46,7 +46,7 @@ def _read_table(path: Path):
         df.attrs["lines"] = lines                     # rows are named by their line in the file
         return df
     if path.suffix == ".csv":
-        try: return pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""], encoding="utf-8")
+        try: return pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[""], encoding="utf-8-sig")
         except UnicodeDecodeError as e: raise StealthEvalError(f"{path}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
         except (ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
             raise StealthEvalError(f"{path}: not a readable CSV file ({_first_line(e)})") from None
