@@ -76,6 +76,11 @@ _EMBEDDED = {
                "temperature": 0.7, "top_p": 1.0, "min_similarity": 0.85, "max_new_tokens": 1024, "batch_size": 8},
     "sanitize": ["m0", "m5"],               # methods whose outputs are also scored after sanitize()
     "score_max_tokens": 512,                # longer texts are truncated for scoring (recorded per row)
+    "score_windows": {},                    # detector -> its token window ("profile", "model" or a number); default:
+                                            # its reference's (binoculars 512, fast_detectgpt the model's limit)
+    "score_batch_tokens": "auto",           # tokens per scoring forward pass ("auto": 8192 on a GPU, one text on the CPU)
+    "score_bucket_tokens": 64,              # padded lengths are multiples of this (a text's batch shape = f(its length))
+    "embed_batch_size": "auto",             # texts per embedding pass ("auto": 64 on a GPU, 16 on the CPU)
     "fpr_targets": [0.01],                  # calibrated on human texts only
     "n_bootstrap": 1000,
     "ci_level": 0.95,
@@ -130,6 +135,8 @@ PROFILES = {
         "polish": {"degrees": ["extreme-minor", "minor", "slight-major", "major"], "percents": [1, 5, 10, 20, 35, 50, 75]},
     }),
 }
+# the paper profile on random-weight stand-ins of its models, built locally (06_rehearsal): costs, not results
+PROFILES["rehearsal"] = _merge(PROFILES["paper"], {"rehearsal": {"scale": "auto", "seed": 0, "measure_models": True}})
 
 # %% ../nbs/03_config.ipynb #747aefc8
 def registries() -> dict:
@@ -137,7 +144,7 @@ def registries() -> dict:
     from stealth_eval import data, detectors, methods
     return {"dataset": data.DATASETS, "method": methods.METHODS, "detector": detectors.DETECTORS}
 
-OPEN_SECTIONS = {"data_paths"}   # sections whose keys the user names (benchmark -> folder)
+OPEN_SECTIONS = {"data_paths", "score_windows"}   # sections whose keys the user names (benchmark -> folder)
 
 def _set_dotted(cfg: dict, key: str, value):
     parts = key.split(".")
@@ -165,6 +172,9 @@ def resolve_config(profile: str = "embedded", datasets=None, methods=None, detec
     if profile not in PROFILES:
         raise UnknownNameError(f"unknown profile {profile!r}. Valid profiles: {', '.join(PROFILES)}")
     cfg = copy.deepcopy(PROFILES[profile])
+    if cfg.get("rehearsal"):   # stand-ins built (once) and swapped in, sizes by device (06_rehearsal)
+        from stealth_eval.rehearsal import rehearsal_config
+        cfg = rehearsal_config(cfg, overrides)
     for k, v in (overrides or {}).items(): _set_dotted(cfg, k, v)
     regs = registries()
     ds_specs = []

@@ -105,7 +105,12 @@ def _plt():
     import matplotlib.pyplot as plt
     return plt
 
+_MARK = {"rehearsal": False}   # set by run_figures_stage: a rehearsal run (random weights) watermarks every figure
+
 def _save(fig, path):
+    if _MARK["rehearsal"]:
+        from stealth_eval.rehearsal import watermark
+        watermark(fig)
     fig.savefig(path, dpi=150)
     _plt().close(fig)
     return path
@@ -529,6 +534,7 @@ def run_figures_stage(cfg: dict) -> list:
     import pandas as pd
     from stealth_eval import metrics as metrics_module
     out = Path(cfg["out_dir"])
+    _MARK["rehearsal"] = bool(cfg.get("rehearsal"))
     (out / "figures").mkdir(parents=True, exist_ok=True); (out / "tables").mkdir(parents=True, exist_ok=True)
     metrics, thresholds = read_json(out / "metrics.json"), read_json(out / "thresholds.json")
     skipped = read_json(out / "skipped.json") if (out / "skipped.json").exists() else {}
@@ -574,6 +580,9 @@ def run_figures_stage(cfg: dict) -> list:
     written.append(atomic_write_text(out / "qual_examples.md", qual_examples(scores, quality_rows, thresholds, cfg["n_examples"], cfg["seed"])))
     if hasattr(metrics_module, "extra_tables"):   # SHIELD/URSS, tau, APT-Eval, Beemo tables (30_calibration_metrics)
         written += list(metrics_module.extra_tables(out))
+    if cfg.get("rehearsal"):   # every table and qual_examples.md opens with the banner (06_rehearsal)
+        from stealth_eval.rehearsal import mark_text_artifacts
+        mark_text_artifacts(out)
     files = [_rel(p, out) for p in written]
     write_json(out / "figures_notes.json", {"written": files, "not_written": dict(sorted(notes.items()))})
     return files + ["figures_notes.json"]
