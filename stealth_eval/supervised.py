@@ -307,7 +307,7 @@ def embed_texts(texts: list, spec: str, cfg: dict, cache: Cache) -> dict:
         if v is None: todo.append((h, t, k))
         else: out[h] = v
     if todo:
-        emb = load_embedder(spec, device=cfg["device"])
+        emb = load_embedder(spec, device=cfg["device"], batch_tokens=cfg.get("embed_batch_tokens", "auto"))
         for b in range(0, len(todo), 64):
             chunk = todo[b:b + 64]
             for (h, _, k), e in zip(chunk, emb.encode([t for _, t, _ in chunk])):
