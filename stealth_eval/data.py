@@ -185,7 +185,7 @@ def _lee_pool(cfg: dict, tok) -> tuple:
 
 def _lee_continue(cfg: dict, cache: Cache, lm, docs: list, name: str, watermark: dict | None = None):
     "Fill d['new'] (continuation token ids) for each document: cached, else sampled batch by batch."
-    from stealth_eval.models import row_seed, sample_continuations
+    from stealth_eval.models import SAMPLER_VERSION, row_seed, sample_continuations
     dc, P = cfg["data"], cfg["data"]["prompt_tokens"]
     params = {k: dc[k] for k in ("prompt_tokens", "temperature", "top_p", "min_tokens", "max_tokens")}
     extra = {} if watermark is None else {"watermark": {**watermark, "bias": "after_temperature"}}  # lee_news keys unchanged
@@ -195,7 +195,7 @@ def _lee_continue(cfg: dict, cache: Cache, lm, docs: list, name: str, watermark:
         d["max_new"] = len(d["ids"]) - P
         d["min_new"] = max(dc["min_tokens"] - P, 1)
         d["key"] = cache.key("generation", model=lm.identity, prompt=d["ids"][:P], seed=d["seed"], max_new=d["max_new"],
-                             min_new=d["min_new"], params=params, **extra)
+                             min_new=d["min_new"], params=params, sampler=SAMPLER_VERSION, **extra)
         d["new"] = cache.get(d["key"])
         if d["new"] is None: todo.append(d)
     if not todo: return

@@ -505,7 +505,7 @@ def sample_continuations(lm: LoadedLM,
     return results
 
 # %% ../nbs/02_models.ipynb #a6b81d16
-CHAT_VERSION = "chat-v1"  # bump when the prompt rendering or decoding changes: part of every cache key
+CHAT_VERSION = f"chat-v2/{SAMPLER_VERSION}"  # bump when the prompt rendering or decoding changes: part of every cache key
 
 def chat_prompt_ids(tokenizer, message: str, system: str | None = None) -> list:
     "Token ids of one user `message` (after an optional `system` message) in the model's chat template, ready to generate."

@@ -23,7 +23,7 @@ __all__ = ['PERTURB_VERSION', 'PERTURBATION_DEFAULTS', 'MASK', 'DETECTGPT', 'DET
            'proxihuman_distance', 'proxihuman_scores', 'PerturbationDetector', 'make_tiny_t5']
 
 # %% ../nbs/21_perturbation.ipynb #790ffa7a
-PERTURB_VERSION = "perturb-v3"   # bump whenever masking or filling changes: part of every perturbation cache key
+PERTURB_VERSION = "perturb-v4"   # bump whenever masking or filling changes: part of every perturbation cache key
 
 PERTURBATION_DEFAULTS = {
     "n_perturbations": 10,        # perturbed texts per source text (DetectGPT paper: 100)
@@ -111,26 +111,6 @@ def extract_t5_fills(decoded: str) -> list:
     s = decoded.replace("<pad>", "").replace("</s>", "").strip()
     return [f.strip() for f in _SENTINEL.split(s)[1:-1]]
 
-class _RowStop:
-    "Logits processor: per-row seeded nucleus sampling; a row ends (EOS forced) after its own stop token."
-    def __init__(self, seeds, stop_ids, eos_id: int, top_p: float, banned=()):
-        import torch
-        self.gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
-        self.stop, self.eos, self.top_p, self.banned = list(stop_ids), eos_id, top_p, list(banned)
-
-    def __call__(self, input_ids, scores):
-        import torch
-        from stealth_eval.models import _nucleus
-        out = torch.full_like(scores, float("-inf"))
-        for r, g in enumerate(self.gens):
-            if (input_ids[r] == self.stop[r]).any() or (input_ids[r] == self.eos).any(): tok = self.eos
-            else:
-                s = scores[r].detach().float().cpu().clone()
-                if self.banned: s[self.banned] = float("-inf")
-                tok = int(torch.multinomial(_nucleus(torch.softmax(s, -1), self.top_p), 1, generator=g))
-            out[r, tok] = 0.0
-        return out
-
 @lru_cache(maxsize=2)
 def load_t5(spec: str, device: str = "auto"):
     "A T5 span filler (hub id or local folder) and its tokenizer, memoised; `(model, tokenizer, identity, device)`."
@@ -153,6 +133,7 @@ def load_t5(spec: str, device: str = "auto"):
 def t5_fill(t5, jobs: list, seeds: list, top_p: float = 1.0, max_length: int = 150, batch_size: int = 16) -> list:
     "For each masked token list, the fills sampled by T5 (a list, possibly shorter than the masks: a failed fill)."
     import torch
+    from stealth_eval.models import SeededSampler
     model, tok, _, device = t5
     out = [None] * len(jobs)
     order = sorted(range(len(jobs)), key=lambda i: len(jobs[i]))
@@ -161,7 +142,8 @@ def t5_fill(t5, jobs: list, seeds: list, top_p: float = 1.0, max_length: int = 1
         src = [t5_masked_text(jobs[i]) for i in rows]
         stops = [tok.convert_tokens_to_ids(f"<extra_id_{sum(t is MASK for t in jobs[i])}>") for i in rows]
         enc = tok(src, return_tensors="pt", padding=True).to(device)
-        proc = _RowStop([seeds[i] for i in rows], stops, tok.eos_token_id, top_p, banned=[tok.pad_token_id])
+        proc = SeededSampler([seeds[i] for i in rows], 1, top_p=top_p, banned_ids=[tok.pad_token_id], stop_ids=stops,
+                             eos_id=tok.eos_token_id)   # per-row seeded nucleus sampling; a row ends after its own stop token
         with torch.no_grad():
             gen = model.generate(**enc, do_sample=False, max_length=max_length, logits_processor=[proc],
                                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
@@ -204,7 +186,7 @@ class _HoleyBatch:
             if score:   # token i is predicted by the logits before it: `last` for the first, the chunk's own after
                 z = torch.cat([self.last[r][None].to(dev), out.logits[r, :len(c) - 1]]).double()
                 lps[r] = float(torch.log_softmax(z, -1)[torch.arange(len(c)), torch.tensor(c, device=dev)].sum())
-            self.last[r] = out.logits[r, want.index(len(c) - 1)].float().cpu()
+            self.last[r] = out.logits[r, want.index(len(c) - 1)]   # stays on the device
         self.pos += cm.sum(1)
         return lps if score else None
 
@@ -233,20 +215,20 @@ def _pieces(tokens: list) -> list:
     pieces.append(cur)
     return [" ".join(p) if i == 0 else (" " + " ".join(p) if p else "") for i, p in enumerate(pieces)]
 
-def _row_gen(seed: int, k: int):
-    "The generator of proposal k of a job (proposal 0 uses the job's seed itself)."
-    import torch
+def _proposal_seed(seed: int, k: int) -> int:
+    "The seed of proposal k of a job (proposal 0 uses the job's seed itself)."
     from stealth_eval.models import row_seed
-    return torch.Generator().manual_seed(int(seed) if k == 0 else row_seed(int(seed), "infill-proposal", k))
+    return int(seed) if k == 0 else row_seed(int(seed), "infill-proposal", k)
 
 def lm_infill(lm, jobs: list, seeds: list, span_length: int = 2, top_p: float = 1.0, fill_max_tokens: int = 12,
               batch_size: int = 16, desc: str = "infill", proposals: int = 1, lookahead: int = 4) -> list:
     """For each masked token list, one fill per mask sampled by the causal LM `lm` (unmasked text forced).
     With `proposals` K > 1, each fill is drawn from K left-context samples with weights p(next `lookahead` tokens)."""
     import torch
-    from stealth_eval.models import _nucleus
+    from stealth_eval.models import seeded_sample
     tok = lm.tokenizer
     start = _doc_start(tok)
+    F = int(fill_max_tokens) + 1      # a row's noise counter: step j * F + t for token t of mask j; j * F + F - 1 picks k
     banned = sorted(set(tok.all_special_ids))
     enc = lambda s: tok(s, add_special_tokens=False).input_ids if s else []
     K, L = max(1, int(proposals)), int(lookahead) if proposals > 1 else 0
@@ -258,7 +240,7 @@ def lm_infill(lm, jobs: list, seeds: list, span_length: int = 2, top_p: float = 
         B = len(rows)
         pieces = [[enc(x) for x in _pieces(jobs[i])] for i in rows]
         n_masks = [len(p) - 1 for p in pieces]
-        gens = [_row_gen(seeds[i], k) for i in rows for k in range(K)]       # row r*K + k: job r, proposal k
+        rseeds = torch.tensor([_proposal_seed(seeds[i], k) for i in rows for k in range(K)])   # row r*K + k: job r, proposal k
         fills, fed = [[] for _ in rows], [0] * B                             # fed: lookahead tokens already in the cache
         hb = _HoleyBatch(lm, B)
         for j in range(max(n_masks)):
@@ -266,12 +248,14 @@ def lm_infill(lm, jobs: list, seeds: list, span_length: int = 2, top_p: float = 
             hb.feed([([start] if j == 0 else []) + pieces[r][j][fed[r]:] if r in active else [] for r in range(B)])
             if K > 1: hb.select([r for r in range(B) for _ in range(K)])     # K copies of each job's state
             cur, done = {r * K + k: [] for r in active for k in range(K)}, {}
-            for _ in range(fill_max_tokens):
+            for t_i in range(fill_max_tokens):
                 step = [[] for _ in range(B * K)]
-                for x in list(cur):
-                    s = hb.last[x].clone()
-                    s[banned] = float("-inf")
-                    t = int(torch.multinomial(_nucleus(torch.softmax(s.double(), -1), top_p), 1, generator=gens[x]))
+                xs = list(cur)
+                z = torch.stack([hb.last[x] for x in xs])
+                ban = torch.zeros(z.shape, dtype=torch.bool, device=z.device); ban[:, banned] = True
+                drawn = seeded_sample(z, rseeds[xs].to(z.device), torch.full((len(xs),), j * F + t_i, device=z.device),
+                                      1.0, top_p, ban).tolist()                # every running row at once, on the device
+                for x, t in zip(xs, drawn):
                     if len(tok.decode(cur[x] + [t]).split()) > span_length:   # t would start one more word: span done
                         done[x] = tok.decode(cur.pop(x)).strip()
                     else:
@@ -289,8 +273,8 @@ def lm_infill(lm, jobs: list, seeds: list, span_length: int = 2, top_p: float = 
             keep = []
             for r in range(B):
                 if r not in active: keep.append(r * K); continue
-                pw = torch.softmax(torch.tensor(w[r * K:(r + 1) * K], dtype=torch.float64), 0)
-                k = int(torch.multinomial(pw, 1, generator=gens[r * K]))
+                k = int(seeded_sample(torch.tensor([w[r * K:(r + 1) * K]], dtype=torch.float64), rseeds[r * K:r * K + 1],
+                                      torch.tensor([j * F + F - 1]))[0])   # proposal k with probability softmax(w)_k
                 fills[r].append(done[r * K + k]); keep.append(r * K + k); fed[r] = len(look[r])
             hb.select(keep)
         for r, i in enumerate(rows): out[i] = fills[r]
