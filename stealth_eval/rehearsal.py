@@ -259,11 +259,11 @@ def build_rehearsal_models(folder=None,                 # default: user_cache_di
 # %% ../nbs/06_rehearsal.ipynb #3239c976
 BANNER = "REHEARSAL — random weights, scores are meaningless"
 
-REDUCED_RUN = {   # sample sizes of a CPU rehearsal (a smoke test of the paper configuration)
-    "data": {"n_per_class": 6, "min_tokens": 40, "max_tokens": 160, "batch_size": 8, "n_train_per_class": 6},
+REDUCED_RUN = {   # sample sizes of a CPU rehearsal: a smoke test of the paper configuration (minutes on 2 cores)
+    "data": {"n_per_class": 4, "min_tokens": 40, "max_tokens": 100, "batch_size": 8, "n_train_per_class": 4},
     "n_candidates": [1, 2], "homoglyph_rates": [0.01],
-    "perturbation": {"n_perturbations": 4, "batch_size": 16},
-    "score_max_tokens": 256, "paraphrase_chunk_tokens": 128, "paraphrase_batch_size": 8,
+    "perturbation": {"n_perturbations": 2, "batch_size": 16, "t5_max_length": 60},
+    "score_max_tokens": 128, "paraphrase_chunk_tokens": 64, "paraphrase_batch_size": 8,
     "shield": {"random_p": [0.1], "swap_p": [0.1], "rounds": [5], "batch_size": 8},
     "polish": {"degrees": ["minor"], "percents": [10]},
     "n_bootstrap": 100, "n_examples": 4,
@@ -299,8 +299,8 @@ def rehearsal_config(cfg: dict, overrides: dict | None = None) -> dict:
 # %% ../nbs/06_rehearsal.ipynb #b9504349
 def banner(width: int = 72) -> str:
     "The rehearsal banner in large letters (a framed block)."
-    line = f"##  {BANNER.upper()}  ##"
-    bar = "#" * max(width, len(line))
+    line = f"##  {BANNER.upper()}"
+    bar = "#" * max(width, len(line) + 4)
     return "\n".join([bar, line.ljust(len(bar) - 2) + "##", bar])
 
 def watermark(fig):

@@ -192,7 +192,8 @@ def headline(out: Path) -> str:
     for ds, dd in m.items():
         lines.append(f"{ds}: mean over detectors (TPR@1%FPR, AUROC)")
         for c, v in sorted(dd.get("mean", {}).items(), key=lambda kv: (kv[1]["defense"] != "none", kv[0])):
-            lines.append(f"  {c:34s} TPR {v['tpr1']:.3f} [{v['tpr1_ci_low']:.3f}, {v['tpr1_ci_high']:.3f}]  AUROC {v['auc']:.3f}")
+            f3 = lambda x: "–" if x is None else f"{x:.3f}"   # None: undefined on a tiny sample (e.g. no CI)
+            lines.append(f"  {c:34s} TPR {f3(v['tpr1'])} [{f3(v['tpr1_ci_low'])}, {f3(v['tpr1_ci_high'])}]  AUROC {f3(v['auc'])}")
     lines.append(f"artifacts: {out}/ (tables/, figures/, metrics.json, scores.parquet, quality.parquet, qual_examples.md; "
                  f"executed notebooks in notebooks/)")
     return "\n".join(lines)
