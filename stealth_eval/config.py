@@ -30,7 +30,6 @@ _EMBEDDED = {
     "binoculars_performer": None,
     "classifier_model": "openai-community/roberta-large-openai-detector",  # HF sequence classifier (hub: skipped offline)
     "classifier_ai_label": 0,               # its label index for machine-written text (config id2label {0: Fake, 1: Real})
-    "classifier_batch_size": 16,
     "classifier_offline": {"C": 1.0},       # logistic regression on embeddings + LM features, trained on the training split
     "watermark": {"gamma": 0.25, "delta": 2.0, "seeding_scheme": "lefthash", "key": 15485863, "context_width": 1},  # KGW
     "data": {

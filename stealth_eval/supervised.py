@@ -207,13 +207,14 @@ def load_sequence_classifier(spec: str, device: str = "auto", trust_remote_code:
     return model.to(device).eval(), tok, device
 
 def classify_texts(texts: list, spec: str, cfg: dict, cache: Cache) -> dict:
-    "sha256(text) -> {'probs', 'n_tokens_input', 'truncated'} (or None), batched by length, cached by content."
+    "sha256(text) -> {'probs', 'n_tokens_input', 'truncated'} (or None), in device batches shaped by length, cached by content."
     import torch
+    from stealth_eval.models import default_token_budget, pad_batch, plan_batches
     ident = classifier_identity(spec, cfg["trust_remote_code"])
     out, todo = {}, []
     for t in dict.fromkeys(texts):
         h = sha256_text(t)
-        k = cache.key("classifier", model=ident, text=h, version="clf-v1")
+        k = cache.key("classifier", model=ident, text=h, version="clf-v2")
         v = cache.get(k, default="<miss>")
         if v == "<miss>": todo.append((h, t, k))
         else: out[h] = v
@@ -222,19 +223,22 @@ def classify_texts(texts: list, spec: str, cfg: dict, cache: Cache) -> dict:
     L = classifier_max_tokens(model.config, tok)
     n_in = [len(tok(t, truncation=False).input_ids) for _, t, _ in todo]
     n_special = len(tok("", truncation=False).input_ids)
-    order = sorted(range(len(todo)), key=lambda i: n_in[i])
-    bs = int(cfg.get("classifier_batch_size", 16))
-    bar = progress(total=len(todo), desc=f"classifier {spec}")
-    for b in range(0, len(order), bs):
-        rows = [i for i in order[b:b + bs] if n_in[i] > n_special]   # a text with no tokens of its own has no score
-        for i in order[b:b + bs]:
-            if n_in[i] <= n_special: out[todo[i][0]] = cache.put(todo[i][2], None)
-        if rows:
-            enc = tok([todo[i][1] for i in rows], truncation=True, max_length=L, padding=True, return_tensors="pt").to(device)
-            with torch.no_grad(): probs = torch.softmax(model(**enc).logits.double(), -1).cpu().tolist()
-            for i, p in zip(rows, probs):
-                out[todo[i][0]] = cache.put(todo[i][2], {"probs": p, "n_tokens_input": n_in[i], "truncated": n_in[i] > L})
-        bar.update(len(order[b:b + bs]))
+    for i in range(len(todo)):                                        # a text with no tokens of its own has no score
+        if n_in[i] <= n_special: out[todo[i][0]] = cache.put(todo[i][2], None)
+    rows = [i for i in range(len(todo)) if n_in[i] > n_special]
+    seqs = [tok(todo[i][1], truncation=True, max_length=L).input_ids for i in rows]
+    b = cfg.get("score_batch_tokens", "auto")                          # device batches shaped by each text's length
+    budget = default_token_budget(device) if b in (None, "auto") else int(b)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    bar = progress(total=len(rows), desc=f"classifier {spec}", unit="text")
+    for R, Lb, idx in plan_batches([len(s) for s in seqs], budget, int(cfg.get("score_bucket_tokens", 64))):
+        ids, mask = pad_batch([seqs[j] for j in idx], R, Lb, pad)
+        with torch.no_grad():
+            probs = torch.softmax(model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.double(), -1)
+        for j, p in zip(idx, probs[:len(idx)].cpu().tolist()):
+            i = rows[j]
+            out[todo[i][0]] = cache.put(todo[i][2], {"probs": p, "n_tokens_input": n_in[i], "truncated": n_in[i] > L})
+        bar.update(len(idx))
     bar.close()
     return out
 
