@@ -1,69 +1,239 @@
-"""On-demand benchmark (not run in CI): where the time of a run goes, as ratios measured in one session.
+"""On-demand benchmark (not a test, not run in CI): the project's hot paths against plain batched PyTorch/transformers
+baselines on the same model and texts, as throughput ratios measured in one run.
 
-    python bench/bench.py [--profile embedded] [--out bench_out] [--n N] [--skip_runs]
+    python bench/bench.py [--device auto|cpu|cuda] [--scale auto|full|reduced] [--out bench_out]
+                          [--rehearsal [--rehearsal_set KEY=VALUE ...] | --rehearsal_dir RUN] [--pipeline]
 
-Reports, on the profile's models:
-- warm rerun / cold run (same command, same content cache; goal <= 0.05),
-- tokens/s of the likelihood-family panel (log-likelihood, rank, log-rank, entropy, LRR, Fast-DetectGPT and the
-  single-model Binoculars, all from one forward pass per text) and the ratio panel time / one batched forward pass of
-  the scoring model over the same texts (goal <= 1.2),
-- texts/s of the perturbation detectors (DetectGPT/NPR/ProxiHuman with causal-LM infill), cold: perturbations
-  generated and scored into an empty cache,
-- budget-sweep generation / eight candidates' generation (goal <= 1.05; needs a candidate-generating method),
-- texts per second for each stage, and which stage dominates the end-to-end time.
+Paths (ratio = project throughput / baseline throughput; 1.0 = as fast as the plain baseline):
+- scoring: `detectors.score_texts` (the likelihood panel, into a fresh cache) vs length-sorted, right-padded batches,
+  one forward each, log-likelihood, log-rank, entropy and the Fast-DetectGPT statistic computed on the device;
+- generation: `models.sample_continuations` (temperature 1, top-p 0.95, seeded per row) vs
+  `model.generate(do_sample=True, top_p=0.95)` at the same batch size and the same number of new tokens;
+- embeddings: `models.load_embedder(spec).encode` vs one padded batch of 64 at a time with masked mean pooling.
+
+Models: on CUDA the random-weight stand-ins of the paper's real shapes (`stealth_eval.rehearsal`, scale "full":
+Falcon-7b for scoring, Qwen3-4B for generation, E5-base for embeddings); on the CPU the same architectures at reduced
+shapes (a smoke test: CPU numbers on a shared machine are not measurements to quote).
+
+`--rehearsal` also runs the rehearsal profile end to end and prints its stage table (`--rehearsal_dir` reads an existing
+rehearsal run instead). `--pipeline` adds the older end-to-end measurements on the embedded profile (warm/cold rerun,
+perturbation-detector throughput, budget-sweep generation). Output: a markdown table on stdout and OUT/bench.json.
 """
 import argparse
+import copy
 import json
+import os
 import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# ---------------------------------------------------------------- inputs
+def lee_texts(n, words=150):
+    "The first `n` Lee corpus documents (human news, offline) with at least 40 words, cut to `words` words."
+    from stealth_eval.data import lee_documents
+    docs = [d["text"] for d in lee_documents() if len(d["text"].split()) >= 40]
+    docs = (docs * (n // max(len(docs), 1) + 1))[:n]
+    return [" ".join(t.split()[:words]) for t in docs]
+
+
+def sync(device):
+    import torch
+    if device.startswith("cuda"): torch.cuda.synchronize()
+
+
+def machine(device):
+    import torch
+    if device.startswith("cuda"):
+        p = torch.cuda.get_device_properties(0)
+        return f"{p.name} ({p.total_memory / 2**30:.0f} GiB), torch {torch.__version__}"
+    return (f"CPU {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} "
+            f"({torch.get_num_threads()} threads)")
+
+
+def bench_cfg(device, score_max_tokens):
+    "A full configuration for the project's functions (the paper profile's keys; models are passed explicitly)."
+    from stealth_eval.config import PROFILES
+    cfg = copy.deepcopy(PROFILES["paper"])
+    cfg.update(device=device, score_max_tokens=score_max_tokens, seed=0, no_cache=False)
+    return cfg
+
+
+# ---------------------------------------------------------------- scoring
+def baseline_scores(lm, texts, max_tokens, batch_size):
+    "Plain batched scoring: length-sorted right-padded batches, one forward, statistics on the device; seconds, stats."
+    import torch
+    tok, model, dev = lm.tokenizer, lm.model, lm.device
+    ids = [tok(t, truncation=True, max_length=max_tokens).input_ids for t in texts]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    out = [None] * len(ids)
+    sync(dev); t0 = time.perf_counter()
+    with torch.no_grad():
+        for b in range(0, len(order), batch_size):
+            rows = order[b:b + batch_size]
+            L = max(len(ids[i]) for i in rows)
+            x = torch.full((len(rows), L), pad, dtype=torch.long)
+            m = torch.zeros((len(rows), L), dtype=torch.long)
+            for r, i in enumerate(rows):
+                x[r, :len(ids[i])] = torch.tensor(ids[i]); m[r, :len(ids[i])] = 1
+            x, m = x.to(dev), m.to(dev)
+            logits = model(input_ids=x, attention_mask=m).logits[:, :-1].float()
+            tgt, mask = x[:, 1:], m[:, 1:].to(torch.float64)
+            lp = torch.log_softmax(logits, -1)
+            tlp = lp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+            rank = (logits > logits.gather(-1, tgt.unsqueeze(-1))).sum(-1) + 1
+            p = lp.exp()
+            ent = -(p * lp).sum(-1)
+            mu, var = -ent, (p * lp * lp).sum(-1) - ent * ent       # Fast-DetectGPT: mean and variance of log p
+            n = mask.sum(1).clamp(min=1)
+            ll = (tlp.double() * mask).sum(1) / n
+            lrank = (torch.log(rank.double()) * mask).sum(1) / n
+            fdg = ((tlp.double() - mu.double()) * mask).sum(1) / ((var.double() * mask).sum(1).clamp(min=1e-12).sqrt())
+            stats = torch.stack([ll, lrank, (ent.double() * mask).sum(1) / n, fdg], 1).cpu().tolist()
+            for r, i in enumerate(rows): out[i] = stats[r]
+    sync(dev)
+    return time.perf_counter() - t0, out
+
+
+def bench_scoring(spec, texts, device, max_tokens, batch_size):
+    from stealth_eval.core import Cache
+    from stealth_eval.detectors import score_texts
+    from stealth_eval.models import load_causal_lm
+    cfg = bench_cfg(device, max_tokens)
+    with tempfile.TemporaryDirectory() as d:        # warm-up: loads the model, compiles kernels (not timed)
+        score_texts(texts[:2], spec, cfg, Cache(d))
+    lm = load_causal_lm(spec, device=device)
+    n_tokens = sum(len(lm.tokenizer(t, truncation=True, max_length=max_tokens).input_ids) for t in texts)
+    baseline_scores(lm, texts[:2], max_tokens, batch_size)
+    with tempfile.TemporaryDirectory() as d:
+        sync(device); t0 = time.perf_counter()
+        got = score_texts(texts, spec, cfg, Cache(d))    # a fresh cache: everything computed
+        sync(device); t_proj = time.perf_counter() - t0
+    t_base, base = baseline_scores(lm, texts, max_tokens, batch_size)
+    from stealth_eval.core import sha256_text
+    diffs = []
+    for t, b in zip(texts, base):   # the same log-likelihood? (bf16 on a GPU: loose; float32 on the CPU: close)
+        v = got.get(sha256_text(t))
+        ll = v.get("ll") if isinstance(v, dict) else None
+        if ll is not None: diffs.append(abs(ll - b[0]))
+    return {"path": "scoring (likelihood panel)", "project": "detectors.score_texts (fresh cache)",
+            "baseline": f"sorted right-padded batches of {batch_size}, one forward, stats on the device",
+            "model": Path(spec).name, "items": f"{len(texts)} texts / {n_tokens} tokens", "unit": "tokens/s",
+            "project_per_s": n_tokens / t_proj, "baseline_per_s": n_tokens / t_base,
+            "project_s": t_proj, "baseline_s": t_base,
+            "max_abs_diff_log_likelihood": max(diffs) if diffs else None}
+
+
+# ---------------------------------------------------------------- generation
+def bench_generation(spec, texts, device, n_prompts, new_tokens, batch_size, prompt_tokens=64):
+    import torch
+    from stealth_eval.models import load_causal_lm, sample_continuations
+    lm = load_causal_lm(spec, device=device)
+    tok = lm.tokenizer
+    prompts = [tok(t, add_special_tokens=False).input_ids[:prompt_tokens] for t in texts[:n_prompts]]
+    seeds = list(range(len(prompts)))
+    sample_continuations(lm, prompts[:2], seeds[:2], 4, 4, temperature=1.0, top_p=0.95, batch_size=2)   # warm-up
+    sync(device); t0 = time.perf_counter()
+    outs = sample_continuations(lm, prompts, seeds, new_tokens, new_tokens, temperature=1.0, top_p=0.95, batch_size=batch_size)
+    sync(device); t_proj = time.perf_counter() - t0
+    n_proj = sum(len(o) for o in outs)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    torch.manual_seed(0)
+    n_base = 0
+    sync(device); t0 = time.perf_counter()
+    with torch.no_grad():
+        for b in range(0, len(prompts), batch_size):
+            rows = prompts[b:b + batch_size]
+            L = max(map(len, rows))
+            x = torch.full((len(rows), L), pad, dtype=torch.long); m = torch.zeros_like(x)
+            for r, p in enumerate(rows): x[r, L - len(p):] = torch.tensor(p); m[r, L - len(p):] = 1
+            g = lm.model.generate(input_ids=x.to(device), attention_mask=m.to(device), do_sample=True, top_p=0.95,
+                                  temperature=1.0, top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                  pad_token_id=pad)
+            n_base += (g.shape[1] - L) * len(rows)
+    sync(device); t_base = time.perf_counter() - t0
+    return {"path": "generation (seeded sampling)", "project": "models.sample_continuations (T=1, top-p 0.95)",
+            "baseline": f"model.generate(do_sample=True, top_p=0.95), batch {batch_size}",
+            "model": Path(spec).name, "items": f"{len(prompts)} prompts x {new_tokens} new tokens", "unit": "new tokens/s",
+            "project_per_s": n_proj / t_proj, "baseline_per_s": n_base / t_base, "project_s": t_proj, "baseline_s": t_base}
+
+
+# ---------------------------------------------------------------- embeddings
+def bench_embeddings(spec, texts, device, batch_size=64, max_length=512):
+    import numpy as np
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+    from stealth_eval.models import load_embedder
+    emb = load_embedder(spec, device=device)
+    emb.encode(texts[:2])                                          # warm-up
+    sync(device); t0 = time.perf_counter()
+    a = emb.encode(texts)
+    sync(device); t_proj = time.perf_counter() - t0
+    tok = AutoTokenizer.from_pretrained(spec)
+    model = AutoModel.from_pretrained(spec).to(device).eval()   # the dtype load_embedder uses (the checkpoint's)
+    def plain(ts):
+        out = []
+        with torch.no_grad():
+            for i in range(0, len(ts), batch_size):
+                enc = tok([f"query: {t}" for t in ts[i:i + batch_size]], padding=True, truncation=True,
+                          max_length=max_length, return_tensors="pt").to(device)
+                h = model(**enc).last_hidden_state
+                mk = enc["attention_mask"].unsqueeze(-1).to(h.dtype)
+                e = (h * mk).sum(1) / mk.sum(1).clamp(min=1)
+                out.append(torch.nn.functional.normalize(e.float(), dim=-1).cpu().numpy())
+        return np.concatenate(out)
+    plain(texts[:2])
+    sync(device); t0 = time.perf_counter()
+    b = plain(texts)
+    sync(device); t_base = time.perf_counter() - t0
+    return {"path": "embeddings", "project": "models.load_embedder(spec).encode",
+            "baseline": f"padded batches of {batch_size}, masked mean pooling", "model": Path(spec).name,
+            "items": f"{len(texts)} texts", "unit": "texts/s", "project_per_s": len(texts) / t_proj,
+            "baseline_per_s": len(texts) / t_base, "project_s": t_proj, "baseline_s": t_base,
+            "max_abs_diff": float(np.abs(np.asarray(a) - b).max())}
+
+
+# ---------------------------------------------------------------- rehearsal stage table
+def rehearsal_table(run_dir):
+    info = json.loads((Path(run_dir) / "run_info.json").read_text())
+    st = info["stages"]
+    total = sum(v.get("seconds", 0) for v in st.values()) or 1
+    lines = ["| stage | seconds | share | peak RSS (GB) | peak GPU in use (GB) |", "|---|---|---|---|---|"]
+    for k, v in st.items():
+        lines.append(f"| {k} | {v.get('seconds')} | {100 * v.get('seconds', 0) / total:.0f}% | {v.get('peak_rss_gb', '–')} | "
+                     f"{v.get('peak_gpu_used_gb', '–')} |")
+    lines.append(f"| total | {total:.1f} | 100% | | |")
+    rows = info.get("rehearsal_models", [])
+    if rows:
+        lines += ["", "| model | measured | throughput | peak memory (GB) |", "|---|---|---|---|"]
+        for m in rows:
+            thr = f"{m['per_s']:,} {m['unit']}" if "per_s" in m else m.get("error", "–")
+            lines.append(f"| {m['model']} | {m.get('what')} | {thr} | {m.get('peak_gb', '–')} |")
+    return {"run_dir": str(run_dir), "stages": st, "models": rows}, "\n".join(lines)
+
+
+def run_rehearsal(base, sets, device):
+    out, store = Path(base) / "rehearsal", Path(base) / "rehearsal_store"
+    cmd = [sys.executable, "-m", "stealth_eval.run", "--profile", "rehearsal", "--out_dir", str(out), "--cache_dir", str(store),
+           "--offline", "--set", f"device={device}", *sets]
+    subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "STEALTH_EVAL_PROGRESS": "0"})
+    return out
+
+
+# ---------------------------------------------------------------- older end-to-end measurements (--pipeline)
 def run(profile, out, store, extra=()):
     t = time.perf_counter()
     subprocess.run([sys.executable, "-m", "stealth_eval.run", "--profile", profile, "--out_dir", str(out),
                     "--cache_dir", str(store), *extra], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**__import__("os").environ, "STEALTH_EVAL_PROGRESS": "0"})
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "STEALTH_EVAL_PROGRESS": "0"})
     return time.perf_counter() - t
-
-
-def run_texts(out, n):
-    "The first `n` texts of a run's embedded dataset."
-    return [json.loads(l)["text"] for l in (Path(out) / "data" / "lee_news.jsonl").read_text().splitlines()][:n]
-
-
-def lee_texts(n, words=150):
-    "Without a run: the first `n` Lee corpus documents (human news), cut to `words` words."
-    from stealth_eval.data import lee_documents
-    docs = [d["text"] for d in lee_documents() if len(d["text"].split()) >= 40]
-    return [" ".join(t.split()[:words]) for t in docs[:n]]
-
-
-def panel_vs_forward(texts, cfg, batch_size=8):
-    import torch
-    from stealth_eval.detectors import panel_stats
-    from stealth_eval.models import load_causal_lm
-    lm = load_causal_lm(cfg["scoring_model"], device=cfg["device"])
-    tok, T = lm.tokenizer, cfg["score_max_tokens"]
-    n_tokens = sum(min(len(tok(t).input_ids), T) for t in texts)
-    panel_stats(lm, texts[0], T)                                   # warm-up
-    t0 = time.perf_counter()
-    for t in texts: panel_stats(lm, t, T)
-    t_panel = time.perf_counter() - t0
-    tok.padding_side = "right"
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        for i in range(0, len(texts), batch_size):
-            enc = tok(texts[i:i + batch_size], return_tensors="pt", padding=True, truncation=True, max_length=T).to(lm.device)
-            lm.model(**enc).logits
-    t_fwd = time.perf_counter() - t0
-    return {"texts": len(texts), "tokens": n_tokens, "panel_s": t_panel, "batched_forward_s": t_fwd,
-            "ratio": t_panel / t_fwd, "panel_tokens_per_s": n_tokens / t_panel}
 
 
 def perturbation_throughput(texts, cfg, store, names=("detectgpt_lminfill", "npr_lminfill", "proxihuman_lminfill")):
@@ -81,28 +251,23 @@ def perturbation_throughput(texts, cfg, store, names=("detectgpt_lminfill", "npr
         t0 = time.perf_counter()
         det.compute(texts, cfg, cache)
         dt = time.perf_counter() - t0
-        note = ("cold: fills, then one scoring forward pass per perturbed text" if not done else
+        note = ("cold: fills, then the scoring forward passes" if not done else
                 "same source as an earlier detector: nothing recomputed" if det.source(cfg) in done else
                 "reuses the cached perturbations; embeds them")
         out[n] = {"seconds": round(dt, 2), "texts_per_s": round(len(texts) / dt, 3), "note": note}
         done.add(det.source(cfg))
     total = sum(v["seconds"] for v in out.values())
     return {"texts": len(texts), "n_perturbations": p["n_perturbations"], "infill_model": p["infill_model"],
-            "detectors": out, "all_texts_per_s": round(len(texts) / total, 3),
-            "perturbed_texts_per_s": round(len(texts) * p["n_perturbations"] / total, 3)}
+            "detectors": out, "all_texts_per_s": round(len(texts) / total, 3)}
 
 
 def budget_sweep_ratio(texts, cfg, base):
-    """M1 generation for the budget sweep N in {1, 2, 4, 8} over generating eight candidates, each into an empty cache.
-
-    The sweep's pools are nested prefixes of one pool of 8 per text, so both runs should sample 8 candidates per text;
-    the ratio measures that (time), and the generation log counts it (candidates per text)."""
+    "M1 generation for the budget sweep N in {1, 2, 4, 8} over generating eight candidates, each into an empty cache."
     from stealth_eval.core import Cache
+    from stealth_eval.models import load_causal_lm, load_embedder
     from stealth_eval.paraphrase import method_m1
-    from stealth_eval.models import load_causal_lm
-    from stealth_eval.models import load_embedder
-    load_causal_lm(cfg.get("paraphraser") or cfg["generator"], device=cfg["device"])   # load once, outside the timing
-    load_embedder(cfg["embedder"], device=cfg["device"])                               # (M1 selects by similarity)
+    load_causal_lm(cfg.get("paraphraser") or cfg["generator"], device=cfg["device"])
+    load_embedder(cfg["embedder"], device=cfg["device"])
     items = [{"id": f"bench-{i}", "text": t, "dataset": "bench"} for i, t in enumerate(texts)]
     out = {}
     for name, ns in (("sweep_1_2_4_8", [1, 2, 4, 8]), ("eight", [8])):
@@ -114,71 +279,93 @@ def budget_sweep_ratio(texts, cfg, base):
         log = [json.loads(l) for l in (d / "generations.jsonl").read_text().splitlines()]
         out[name] = {"seconds": round(time.perf_counter() - t, 1), "candidates_per_text": len(log) / len(items)}
     out["ratio"] = round(out["sweep_1_2_4_8"]["seconds"] / out["eight"]["seconds"], 3)
-    out["n_texts"] = len(items)
     return out
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--profile", default="embedded")
-    ap.add_argument("--out", default=str(ROOT / "bench_out"))
-    ap.add_argument("--n", type=int, default=None, help="texts per class for the runs (data.n_per_class) and texts for the panel measurement")
-    ap.add_argument("--perturb_n", type=int, default=8, help="texts for the perturbation-detector throughput")
-    ap.add_argument("--n_perturbations", type=int, default=None, help="perturbations per text (default: the profile's)")
-    ap.add_argument("--skip_runs", action="store_true", help="only the panel and perturbation measurements (no end-to-end runs)")
-    ap.add_argument("--sweep_n", type=int, default=4, help="texts for the budget-sweep generation measurement")
-    args = ap.parse_args()
-    base = Path(args.out)
-    shutil.rmtree(base, ignore_errors=True)
+def pipeline_measurements(base, n, perturb_n, sweep_n):
+    from stealth_eval.config import resolve_config
     store = base / "store"
-    if args.skip_runs:
-        from stealth_eval.config import resolve_config
-        cfg = resolve_config(args.profile, out_dir=str(base / "cfg"))
-        if args.n_perturbations: cfg["perturbation"] = {**(cfg.get("perturbation") or {}), "n_perturbations": args.n_perturbations}
-        pv = panel_vs_forward(lee_texts(args.n or 48), cfg)
-        pt = perturbation_throughput(lee_texts(args.perturb_n), cfg, base / "perturb_store")
-        bs = budget_sweep_ratio(lee_texts(args.sweep_n, words=100), cfg, base / "budget")
-        report = {"profile": args.profile, "panel": {k: round(v, 3) if isinstance(v, float) else v for k, v in pv.items()},
-                  "perturbation": pt, "budget_sweep_over_8_candidates": bs}
-        base.mkdir(parents=True, exist_ok=True)
-        (base / "bench.json").write_text(json.dumps(report, indent=2))
-        print(json.dumps(report, indent=2))
-        print(f"\npanel: {pv['panel_tokens_per_s']:.0f} tokens/s; panel/forward = {pv['ratio']:.2f} (goal <= 1.2); "
-              f"perturbation detectors: {pt['all_texts_per_s']} texts/s ({pt['n_perturbations']} perturbations each); "
-              f"budget sweep / 8 candidates = {bs['ratio']} (goal <= 1.05)")
-        return
-    extra = ["--set", f"data.n_per_class={args.n}"] if args.n else []
-    cold = run(args.profile, base / "cold", store, extra)
-    warm = run(args.profile, base / "warm", store, extra)
+    extra = ["--set", f"data.n_per_class={n}"] if n else []
+    cold = run("embedded", base / "cold", store, extra)
+    warm = run("embedded", base / "warm", store, extra)
+    cfg = resolve_config("embedded", out_dir=str(base / "cfg"))
+    texts = [json.loads(l)["text"] for l in (base / "cold" / "data" / "lee_news.jsonl").read_text().splitlines()]
     info = json.loads((base / "cold" / "run_info.json").read_text())
-    cfg = json.loads((base / "cold" / "config.json").read_text())
-    if args.n_perturbations: cfg["perturbation"] = {**(cfg.get("perturbation") or {}), "n_perturbations": args.n_perturbations}
-    raw = [json.loads(l) for l in (base / "cold" / "raw_outputs.jsonl").read_text().splitlines()]
-    n_rows = {"00_data": sum(1 for r in raw if r["method"] == "m0" and r["defense"] == "none"),
-              "10_methods": len(raw), "20_detectors": len(raw), "30_calibration_metrics": len(raw), "40_figures": len(raw)}
-    stages = {k: v["seconds"] for k, v in info["stages"].items()}
-    pv = panel_vs_forward(run_texts(base / "cold", args.n or 48), cfg)
-    pt = perturbation_throughput(run_texts(base / "cold", args.perturb_n), cfg, base / "perturb_store")
-    sweep = budget_sweep_ratio(run_texts(base / "cold", args.sweep_n), cfg, base / "budget")
-    report = {
-        "machine": f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores, {platform.system()} "
-                   f"{platform.release()}, python {platform.python_version()}",
-        "profile": args.profile, "cold_run_s": round(cold, 1), "warm_rerun_s": round(warm, 1),
-        "warm_over_cold": round(warm / cold, 4), "panel": {k: round(v, 3) if isinstance(v, float) else v for k, v in pv.items()},
-        "perturbation": pt,
-        "budget_sweep_over_8_candidates": sweep,
-        "stage_seconds_cold": stages,
-        "stage_texts_per_s_cold": {k: round(n_rows[k] / max(v, 1e-9), 2) for k, v in stages.items()},
-        "dominant_stage": max(stages, key=stages.get),
-    }
-    (base / "bench.json").write_text(json.dumps(report, indent=2))
-    print(json.dumps(report, indent=2))
-    dom = report["dominant_stage"]
-    print(f"\nwarm/cold = {report['warm_over_cold']:.3f} (goal <= 0.05); panel/forward = {pv['ratio']:.2f} (goal <= 1.2); "
-          f"budget sweep / 8 candidates = {sweep['ratio']} (goal <= 1.05)")
-    print(f"panel: {pv['panel_tokens_per_s']:.0f} tokens/s; perturbation detectors: {pt['all_texts_per_s']} texts/s "
-          f"({pt['n_perturbations']} perturbations each)")
-    print(f"end-to-end: {dom} dominates ({stages[dom]:.0f} s of {sum(stages.values()):.0f} s in stages)")
+    return {"cold_run_s": round(cold, 1), "warm_rerun_s": round(warm, 1), "warm_over_cold": round(warm / cold, 4),
+            "stage_seconds_cold": {k: v["seconds"] for k, v in info["stages"].items()},
+            "perturbation": perturbation_throughput(texts[:perturb_n], cfg, base / "perturb_store"),
+            "budget_sweep_over_8_candidates": budget_sweep_ratio(texts[:sweep_n], cfg, base / "budget")}
+
+
+# ---------------------------------------------------------------- main
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--scale", default="auto", help="stand-in shapes: full (real), reduced; auto: full on CUDA")
+    ap.add_argument("--out", default=str(ROOT / "bench_out"))
+    ap.add_argument("--n_score", type=int, default=None, help="texts scored (default 96 on CUDA, 24 on the CPU)")
+    ap.add_argument("--score_max_tokens", type=int, default=None, help="token window (default 1024 / 256)")
+    ap.add_argument("--score_batch", type=int, default=None, help="baseline scoring batch (default 32 / 8)")
+    ap.add_argument("--n_prompts", type=int, default=None, help="generation prompts (default 32 / 8)")
+    ap.add_argument("--new_tokens", type=int, default=None, help="new tokens per prompt (default 128 / 32)")
+    ap.add_argument("--gen_batch", type=int, default=None, help="generation batch size for both (default 32 / 8)")
+    ap.add_argument("--n_embed", type=int, default=None, help="texts embedded (default 256 / 64)")
+    ap.add_argument("--paths", nargs="+", default=["scoring", "generation", "embeddings"])
+    ap.add_argument("--rehearsal", action="store_true", help="also run the rehearsal profile and print its stage table")
+    ap.add_argument("--rehearsal_set", nargs="*", default=None, help="--set values for that run (default on the CPU: tiny sizes)")
+    ap.add_argument("--rehearsal_dir", default=None, help="print the stage table of this existing rehearsal run")
+    ap.add_argument("--pipeline", action="store_true", help="also the embedded profile's end-to-end measurements")
+    ap.add_argument("--n", type=int, default=None, help="--pipeline: data.n_per_class of the runs")
+    args = ap.parse_args()
+    from stealth_eval.models import resolve_device
+    from stealth_eval.rehearsal import build_rehearsal_models, rehearsal_scale
+    device = resolve_device(args.device)
+    cuda = device.startswith("cuda")
+    scale = rehearsal_scale(args.scale, device)
+    pick = lambda v, g, c: v if v is not None else (g if cuda else c)
+    base = Path(args.out); shutil.rmtree(base, ignore_errors=True); base.mkdir(parents=True)
+    report = {"machine": machine(device), "device": device, "scale": scale, "paths": [],
+              "note": "ratio = project / baseline throughput, measured in this run" +
+                      ("" if cuda else "; CPU, reduced shapes: a smoke test, not figures to quote")}
+    names = {"scoring": "falcon-7b", "generation": "qwen3-4b-instruct-2507", "embeddings": "e5-base-v2"}
+    folders = build_rehearsal_models(scale=scale, names=[names[p] for p in args.paths])
+    texts = lee_texts(max(pick(args.n_score, 96, 24), pick(args.n_embed, 256, 64), pick(args.n_prompts, 32, 8)))
+    for path in args.paths:
+        spec = str(folders[names[path]])
+        print(f"[bench] {path} on {Path(spec).name} ({scale}, {device}) ...", file=sys.stderr)
+        if path == "scoring":
+            r = bench_scoring(spec, texts[:pick(args.n_score, 96, 24)], device, pick(args.score_max_tokens, 1024, 256),
+                              pick(args.score_batch, 32, 8))
+        elif path == "generation":
+            r = bench_generation(spec, texts, device, pick(args.n_prompts, 32, 8), pick(args.new_tokens, 128, 32),
+                                 pick(args.gen_batch, 32, 8))
+        else:
+            r = bench_embeddings(spec, texts[:pick(args.n_embed, 256, 64)], device)
+        r["ratio"] = r["project_per_s"] / r["baseline_per_s"]
+        report["paths"].append(r)
+        from stealth_eval import models
+        models.load_causal_lm.cache_clear(); models.load_embedder.cache_clear()
+        if cuda:
+            import torch; torch.cuda.empty_cache()
+    lines = [f"Machine: {report['machine']}; stand-ins at {scale} shape (random weights). {report['note']}.", "",
+             "| path | model | work | project | plain baseline | ratio |", "|---|---|---|---|---|---|"]
+    for r in report["paths"]:
+        lines.append(f"| {r['path']} | {r['model']} | {r['items']} | {r['project_per_s']:,.1f} {r['unit']} | "
+                     f"{r['baseline_per_s']:,.1f} {r['unit']} | **{r['ratio']:.2f}x** |")
+    if args.rehearsal or args.rehearsal_dir:
+        if args.rehearsal_dir: run_dir = Path(args.rehearsal_dir)
+        else:
+            sets = args.rehearsal_set if args.rehearsal_set is not None else ([] if cuda else [
+                "data.n_per_class=3", "perturbation.n_perturbations=2", "n_bootstrap=20", "data.max_tokens=90",
+                "paraphrase_chunk_tokens=64"])
+            run_dir = run_rehearsal(base, sets, device)
+        report["rehearsal"], table = rehearsal_table(run_dir)
+        lines += ["", f"Rehearsal stage table ({run_dir}; random weights: costs only):", "", table]
+    if args.pipeline:
+        report["pipeline"] = pipeline_measurements(base / "pipeline", args.n, 8, 4)
+        lines += ["", "Embedded profile, end to end:", "", "```", json.dumps(report["pipeline"], indent=1), "```"]
+    (base / "bench.json").write_text(json.dumps(report, indent=2, default=str))
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
