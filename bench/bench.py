@@ -16,7 +16,8 @@ Falcon-7b for scoring, Qwen3-4B for generation, E5-base for embeddings); on the 
 shapes (a smoke test: CPU numbers on a shared machine are not measurements to quote).
 
 `--rehearsal` also runs the rehearsal profile end to end and prints its stage table (`--rehearsal_dir` reads an existing
-rehearsal run instead). `--pipeline` adds the older end-to-end measurements on the embedded profile (warm/cold rerun,
+rehearsal run instead). On CUDA that is the paper's full configuration (hours); shorten it with e.g.
+`--rehearsal_set data.n_per_class=20 perturbation.n_perturbations=10`. `--pipeline` adds the older end-to-end measurements on the embedded profile (warm/cold rerun,
 perturbation-detector throughput, budget-sweep generation). Output: a markdown table on stdout and OUT/bench.json.
 """
 import argparse
@@ -109,7 +110,7 @@ def bench_scoring(spec, texts, device, max_tokens, batch_size):
     cfg = bench_cfg(device, max_tokens)
     with tempfile.TemporaryDirectory() as d:        # warm-up: loads the model, compiles kernels (not timed)
         score_texts(texts[:2], spec, cfg, Cache(d))
-    lm = load_causal_lm(spec, device=device)
+    lm = load_causal_lm(spec, device=cfg["device"], trust_remote_code=cfg["trust_remote_code"])   # score_texts' copy
     n_tokens = sum(len(lm.tokenizer(t, truncation=True, max_length=max_tokens).input_ids) for t in texts)
     baseline_scores(lm, texts[:2], max_tokens, batch_size)
     with tempfile.TemporaryDirectory() as d:

@@ -187,6 +187,7 @@ def make_word_tokenizer(kind: str,              # causal | chat | t5 | roberta |
 
 # %% ../nbs/06_rehearsal.ipynb #d8d702f6
 MARKER = "REHEARSAL_RANDOM_WEIGHTS.json"
+_BF16_CHECKPOINTS = {"falcon", "qwen3", "qwen2"}   # the hub checkpoints' dtypes: these bf16; T5, RoBERTa, E5 float32
 SHARED_WEIGHTS = {"falcon-7b-instruct": "falcon-7b"}   # same random tensors (hard links), own folder and marker
 
 def rehearsal_dir(scale: str) -> Path: return user_cache_dir() / "rehearsal" / scale
@@ -225,7 +226,7 @@ def build_rehearsal_model(name: str, folder, scale: str = "full", seed: int = 0,
             n_params = count_params(name, scale)
         else:
             dev = device or ("cuda" if scale == "full" and torch.cuda.is_available() else "cpu")
-            dtype = torch.bfloat16 if scale == "full" else torch.float32
+            dtype = torch.bfloat16 if scale == "full" and kind in _BF16_CHECKPOINTS else torch.float32   # as the hub's files
             log.info(f"building the rehearsal stand-in {name} ({scale}, random weights) on {dev}")
             torch.manual_seed(seed)
             with torch.device(dev):
@@ -428,7 +429,7 @@ def measure_models(cfg: dict, texts: list, new_tokens: int | None = None, n_prom
                 row.update(what=f"generate ({len(prompts)} prompts x {new_tokens} new tokens)", items=n, seconds=round(dt, 2),
                            per_s=round(n / dt, 1), unit="new tokens/s")
             else:
-                lm = models.load_causal_lm(spec, device=dev)
+                lm = models.load_causal_lm(spec, device=cfg["device"], trust_remote_code=cfg["trust_remote_code"])  # score_texts' copy
                 n = sum(min(len(lm.tokenizer(t).input_ids), int(cfg["score_max_tokens"])) for t in texts)
                 with tempfile.TemporaryDirectory() as d:
                     t0 = time.perf_counter(); detectors.score_texts(texts, spec, cfg, Cache(d)); dt = time.perf_counter() - t0
