@@ -394,7 +394,7 @@ class RowSampler:
         return out
 
 # %% ../nbs/02_models.ipynb #7613a41a
-SAMPLER_VERSION = "gumbel-hash-v1"   # part of the cache key of everything sampled: bump when the sampler changes
+SAMPLER_VERSION = "gumbel-hash-v2"   # part of the cache key of everything sampled: bump when the sampler changes
 _M32 = 0xFFFFFFFF
 
 def _mul32(x, c: int):
@@ -407,13 +407,14 @@ def _mix32(x):
     x = x ^ (x >> 15); x = _mul32(x, 0x846CA68B)
     return x ^ (x >> 16)
 
-def counter_uniform(seeds, steps, vocab: int):
-    "Uniforms in (0, 1), float64, shape (rows, vocab): a fixed hash of (row seed, row step, token id)."
+def counter_uniform(seeds, steps, tokens):
+    """Uniforms in (0, 1), float64: a fixed hash of (row seed, row step, token id), for every token id below `tokens`
+    (an int: shape (rows, tokens)) or for the given token ids (a (rows, k) tensor: the same values at those ids)."""
     import torch
     dev = seeds.device
     k = _mix32((seeds.long() & _M32) ^ _mix32((steps.long() * 0x9E3779B9 + 0x7F4A7C15) & _M32))
-    v = _mix32((torch.arange(vocab, device=dev, dtype=torch.long) * 0x85EBCA77 + 0xC2B2AE3D) & _M32)
-    h = _mix32(_mix32(k[:, None] ^ v[None, :]) ^ k[:, None])
+    v = torch.arange(tokens, device=dev, dtype=torch.long)[None] if isinstance(tokens, int) else tokens.long()
+    h = _mix32(k[:, None] ^ _mix32((v * 0x85EBCA77 + 0xC2B2AE3D) & _M32))
     return (h.double() + 0.5) / 4294967296.0
 
 def seeded_sample(scores,               # (rows, vocab) logits, any float dtype, on any device
@@ -421,18 +422,22 @@ def seeded_sample(scores,               # (rows, vocab) logits, any float dtype,
                   steps,                # (rows,) int64: the row's step (tokens it has drawn so far)
                   temperature: float = 1.0, top_p: float = 1.0,
                   banned=None):         # (rows, vocab) bool: tokens a row may not draw (e.g. EOS before its minimum)
-    "One token per row from softmax(scores / temperature) truncated to its top-p nucleus, drawn by Gumbel-max."
+    """One token per row from softmax(scores / temperature) truncated to its top-p nucleus, drawn by Gumbel-max.
+    With top-p, the noise is drawn for the nucleus candidates only (the same values the whole vocabulary would get)."""
     import torch
     z = scores.float() / max(float(temperature), 1e-6)
     if banned is not None: z = z.masked_fill(banned, float("-inf"))
     logp = torch.log_softmax(z, -1)
+    cand = None
     if top_p < 1.0:   # nucleus: a token is kept if the mass before it (descending, ties by id) is below top_p
         sp, idx = torch.sort(logp, dim=-1, descending=True, stable=True)
         pr = sp.exp()
         drop = (torch.cumsum(pr, -1) - pr) >= top_p
-        logp = logp.scatter(-1, idx, sp.masked_fill(drop, float("-inf")))
-    g = -torch.log(-torch.log(counter_uniform(seeds, steps, logp.shape[-1])))
-    return torch.argmax(logp.double() + g, -1)
+        K = int((~drop).sum(-1).max())
+        cand, logp = idx[:, :K], sp[:, :K].masked_fill(drop[:, :K], float("-inf"))
+    g = -torch.log(-torch.log(counter_uniform(seeds, steps, logp.shape[-1] if cand is None else cand)))
+    j = torch.argmax(logp.double() + g, -1)
+    return j if cand is None else cand.gather(1, j[:, None])[:, 0]
 
 class SeededSampler:
     "Logits processor for greedy `generate`: draws each row with `seeded_sample` and returns a one-hot score."
