@@ -18,9 +18,9 @@ __all__ = ['PROFILES', 'OPEN_SECTIONS', 'registries', 'parse_set', 'resolve_conf
 # %% ../nbs/03_config.ipynb #4a0d89c3
 _EMBEDDED = {
     "datasets": ["lee_news"],
-    "methods": ["m0", "m5"],
+    "methods": ["m0", "m1", "m3", "m5"],      # no attack, paraphrase, guided paraphrase, homoglyphs (M2/M4 on request)
     "detectors": ["log_likelihood", "log_rank", "rank", "entropy", "lrr", "fast_detectgpt", "binoculars_single"],
-    "n_candidates": [1],
+    "n_candidates": [1, 4],                 # the budget sweep: one pool of 4 paraphrases per text serves N = 1 and 4
     "device": "auto",
     "generator": "smollm2-135m-instruct",   # writes the embedded AI texts (and paraphrases, later)
     "scoring_model": "gemma-3-270m",        # the likelihood-family detectors' LM
@@ -33,11 +33,12 @@ _EMBEDDED = {
     "classifier_offline": {"C": 1.0},       # logistic regression on embeddings + LM features, trained on the training split
     "watermark": {"gamma": 0.25, "delta": 2.0, "seeding_scheme": "lefthash", "key": 15485863, "context_width": 1},  # KGW
     "data": {
-        "n_per_class": 100,                 # balanced sample: this many human and this many AI texts
-        "min_tokens": 64, "max_tokens": 400,  # length window, in generator tokens, for both classes
+        "n_per_class": 50,                  # balanced sample: this many human and this many AI texts (2 CPU cores: the
+                                            # paraphrase pools fit the 20-minute budget at 50; use --set for more)
+        "min_tokens": 64, "max_tokens": 256,  # length window, in generator tokens, for both classes (one paraphrase chunk)
         "prompt_tokens": 30,                # AI text = first 30 tokens of a human document + a continuation
         "temperature": 0.7, "top_p": 1.0,   # decoding of the continuations (see 00_data for why)
-        "batch_size": 8,
+        "batch_size": 32,                   # continuations per batch (decoding on 2 CPU cores: 52 tok/s at 8 rows, 210 at 64)
         "benchmark_n_per_class": 100,       # benchmarks: at most this many texts per (label, edit) stratum (None: all)
         "n_train_per_class": 50,            # training split (disjoint from the evaluation texts) when a supervised
                                             # detector or the SHIELD ranker needs one
@@ -47,7 +48,7 @@ _EMBEDDED = {
     "paraphrase_temperature": 0.9, "paraphrase_top_p": 0.95,
     "paraphrase_chunk_tokens": 256,         # longer texts are paraphrased sentence-chunk by chunk, then rejoined
     "paraphrase_max_new_ratio": 2.0,        # answer budget: this many times the chunk's tokens
-    "paraphrase_batch_size": 8,
+    "paraphrase_batch_size": 64,
     "generation_backend": "transformers",   # or "vllm" (GPU users with vLLM installed)
     "stealthrl_adapter": None,              # M2: LoRA adapter folder or hub id (None: M2 is skipped, with the reason)
     "authormist_model": "authormist/authormist-originality",  # M4 (hub: skipped offline, with the reason)
@@ -102,6 +103,7 @@ def _merge(base: dict, over: dict) -> dict:
 PROFILES = {
     "embedded": _EMBEDDED,
     "tiny": _merge(_EMBEDDED, {
+        "methods": ["m0", "m5"], "n_candidates": [1],
         "data": {"n_per_class": 16, "min_tokens": 48, "max_tokens": 128, "benchmark_n_per_class": 12, "n_train_per_class": 12},
         "homoglyph_rates": [0.005, 0.02],
         "shield": {"random_p": [0.1], "swap_p": [0.1], "rounds": [3]},
