@@ -20,8 +20,8 @@ from .core import StealthEvalError, atomic_write_text, file_sha256, get_logger, 
 __all__ = ['EMBEDDED_LMS', 'ENCODE_VERSION', 'SAMPLER_VERSION', 'CHAT_VERSION', 'convert_gguf', 'LoadedLM', 'offline_mode',
            'available_offline', 'resolve_device', 'lm_identity', 'load_causal_lm', 'load_tokenizer', 'model_max_tokens',
            'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches', 'default_token_budget', 'pad_batch',
-           'Embedder', 'embedder_identity', 'load_embedder', 'row_seed', 'RowSampler', 'counter_uniform',
-           'seeded_sample', 'SeededSampler', 'sample_continuations', 'chat_prompt_ids', 'chat_generate']
+           'Embedder', 'embedder_identity', 'load_embedder', 'row_seed', 'counter_uniform', 'seeded_sample',
+           'SeededSampler', 'sample_continuations', 'chat_prompt_ids', 'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
 def _package_dir(pkg: str) -> Path:
@@ -371,28 +371,6 @@ def _nucleus(probs, top_p: float):
     out[idx[keep]] = sp[keep]
     return out / out.sum()
 
-class RowSampler:
-    "Logits processor that samples each row with its own generator (use with greedy `generate`)."
-    def __init__(self, seeds, prompt_len: int, min_new, max_new, eos_ids, temperature: float = 1.0, top_p: float = 1.0):
-        import torch
-        self.gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
-        self.prompt_len, self.min_new, self.max_new = prompt_len, list(min_new), list(max_new)
-        self.eos_ids, self.temperature, self.top_p = list(eos_ids), temperature, top_p
-
-    def __call__(self, input_ids, scores):
-        import torch
-        step = input_ids.shape[1] - self.prompt_len
-        out = torch.full_like(scores, float("-inf"))
-        for i, g in enumerate(self.gens):
-            if step >= self.max_new[i]: tok = self.eos_ids[0]
-            else:
-                s = scores[i].detach().float().cpu().clone()
-                if step < self.min_new[i]: s[self.eos_ids] = float("-inf")
-                probs = _nucleus(torch.softmax(s / self.temperature, -1), self.top_p)
-                tok = int(torch.multinomial(probs, 1, generator=g))
-            out[i, tok] = 0.0
-        return out
-
 # %% ../nbs/02_models.ipynb #7613a41a
 SAMPLER_VERSION = "gumbel-hash-v2"   # part of the cache key of everything sampled: bump when the sampler changes
 _M32 = 0xFFFFFFFF
@@ -464,6 +442,68 @@ class SeededSampler:
         return out.scatter_(1, tok[:, None], 0.0)
 
 # %% ../nbs/02_models.ipynb #97d093d7
+def _eos_ids(lm) -> list:
+    eos = getattr(lm.model.generation_config, "eos_token_id", None)
+    return sorted({*(eos if isinstance(eos, list) else [eos] if eos is not None else []), lm.tokenizer.eos_token_id} - {None})
+
+def _decode_batch(lm, jobs, eos_ids, pad, temperature, top_p, processors=(), stop_below: int = 0) -> list:
+    """Extend each job's `new` tokens by seeded sampling: one forward pass per step for the rows still running (a row
+    that ends, at EOS or its maximum, leaves the batch and its KV cache). Rows resume from `prompt + new`, and row r's
+    draw at its own step t uses the noise of (seed_r, t), so a row continued in a later batch draws the same stream.
+    Returns the jobs that have ended; with `stop_below`, stops once fewer rows run and leaves the others unfinished."""
+    import torch
+    dev, B = lm.device, len(jobs)
+    seqs = [list(j["prompt"]) + list(j["new"]) for j in jobs]
+    L = max(len(q) for q in seqs)
+    ids = torch.full((B, L), pad, dtype=torch.long)
+    mask = torch.zeros((B, L), dtype=torch.long)
+    for r, q in enumerate(seqs):
+        ids[r, L - len(q):] = torch.as_tensor(q, dtype=torch.long); mask[r, L - len(q):] = 1
+    ids, mask = ids.to(dev), mask.to(dev)
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    seeds_t = torch.as_tensor([j["seed"] for j in jobs], dtype=torch.long, device=dev)
+    mn_t, mx_t = (torch.as_tensor([j[k] for j in jobs], dtype=torch.long, device=dev) for k in ("mn", "mx"))
+    step0 = torch.as_tensor([len(j["new"]) for j in jobs], dtype=torch.long, device=dev)   # each row's own step
+    eos_t = torch.as_tensor(eos_ids, dtype=torch.long, device=dev)
+    live = torch.arange(B, device=dev)                      # the job of each running row
+    hist, i = [], 0                                         # (rows, tokens, ended) of every step
+    with torch.no_grad():
+        o = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+        cache, seq = o.past_key_values, ids
+        while True:
+            scores = o.logits[:, -1, :]
+            for proc in processors: scores = proc(seq, scores)
+            steps = step0[live] + i
+            banned = None
+            if bool((steps < mn_t[live]).any()):            # no EOS before a row's minimum
+                banned = torch.zeros(scores.shape, dtype=torch.bool, device=dev)
+                banned[:, eos_t] = (steps < mn_t[live])[:, None]
+            tok = seeded_sample(scores, seeds_t[live], steps, temperature, top_p, banned)
+            ended = torch.isin(tok, eos_t)
+            hist.append((live, tok, ended))
+            ended = ended | (steps + 1 >= mx_t[live])
+            i += 1
+            if bool(ended.all()): break
+            if bool(ended.any()):                           # finished rows leave the batch
+                keep = (~ended).nonzero()[:, 0]
+                cache.batch_select_indices(keep)
+                live, tok, mask, pos = live[keep], tok[keep], mask[keep], pos[keep]
+                if processors: seq = seq[keep]
+            if len(live) < stop_below: break                # the rest resume in a later batch, beside new prompts
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+            pos = pos[:, -1:] + 1
+            if processors: seq = torch.cat([seq, tok[:, None]], 1)   # what a logits processor sees as input_ids
+            o = lm.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+    stopped = set()
+    for rows, toks, ends in hist:
+        for r, t, e in zip(rows.tolist(), toks.tolist(), ends.tolist()):
+            if r in stopped: continue
+            if e: stopped.add(r); jobs[r]["ended"] = True
+            else: jobs[r]["new"].append(t)
+    for j in jobs:
+        if len(j["new"]) >= j["mx"]: j["ended"] = True
+    return [j for j in jobs if j.get("ended")]
+
 def sample_continuations(lm: LoadedLM,
                          prompts: list,            # token-id lists (no padding)
                          seeds: list,              # one seed per prompt
@@ -471,41 +511,34 @@ def sample_continuations(lm: LoadedLM,
                          min_new_tokens=0,         # int or one per prompt (EOS is suppressed before it)
                          temperature: float = 1.0, top_p: float = 1.0,
                          batch_size: int = 8, desc: str = "generate",
-                         on_batch=None,            # called as on_batch(indices, token_lists) after each batch
-                         logits_processors=None) -> list:  # applied before the row sampler, in order (e.g. a watermark)
-    "New token ids for each prompt (EOS excluded), batched, each row sampled with its own seeded generator."
-    import torch
-    from transformers import GenerationConfig
+                         on_batch=None,            # called as on_batch(indices, token_lists) as rows finish
+                         logits_processors=None) -> list:  # applied before sampling, in order (e.g. a watermark)
+    """New token ids for each prompt (EOS excluded), on the model's device, each row sampled with its own seed.
+    Continuous refill: once fewer than half the rows of a batch still run, they stop and resume in the next batch
+    beside new prompts, so one long answer does not hold a whole batch."""
     from stealth_eval.core import progress
     n = len(prompts)
     mx = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
     mn = [min_new_tokens] * n if isinstance(min_new_tokens, int) else list(min_new_tokens)
+    eos_ids = _eos_ids(lm)
     tok = lm.tokenizer
-    eos = getattr(lm.model.generation_config, "eos_token_id", None)
-    eos_ids = sorted({*(eos if isinstance(eos, list) else [eos] if eos is not None else []), tok.eos_token_id} - {None})
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
     order = sorted(range(n), key=lambda i: (mx[i], len(prompts[i]), i))  # similar lengths share a batch
+    queue = [{"i": i, "prompt": prompts[i], "new": [], "seed": int(seeds[i]), "mn": mn[i], "mx": mx[i]} for i in order]
     results = [None] * n
-    bar = progress(total=n, desc=desc)
-    for b in range(0, n, batch_size):
-        rows = order[b:b + batch_size]
-        L = max(len(prompts[i]) for i in rows)
-        ids = torch.full((len(rows), L), pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), L), dtype=torch.long)
-        for r, i in enumerate(rows):
-            ids[r, L - len(prompts[i]):] = torch.tensor(prompts[i])
-            mask[r, L - len(prompts[i]):] = 1
-        sampler = RowSampler([seeds[i] for i in rows], L, [mn[i] for i in rows], [mx[i] for i in rows], eos_ids, temperature, top_p)
-        gc = GenerationConfig(do_sample=False, max_new_tokens=max(mx[i] for i in rows) + 1, pad_token_id=pad, eos_token_id=eos_ids)
-        with torch.no_grad():
-            out = lm.model.generate(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device), generation_config=gc,
-                                    logits_processor=[*(logits_processors or []), sampler])
-        for r, i in enumerate(rows):
-            new = out[r, L:].tolist()
-            cut = next((k for k, t in enumerate(new) if t in eos_ids), len(new))
-            results[i] = new[:cut]
-        if on_batch: on_batch(rows, [results[i] for i in rows])   # e.g. store in the cache now: a crash loses one batch
-        bar.update(len(rows))
+    bar = progress(total=n, desc=desc, unit="text")
+    def finish(jobs):
+        for j in jobs: results[j["i"]] = j["new"]
+        if jobs and on_batch: on_batch([j["i"] for j in jobs], [j["new"] for j in jobs])   # e.g. cached now
+        bar.update(len(jobs))
+    finish([j for j in queue if j["mx"] <= 0])
+    queue = [j for j in queue if j["mx"] > 0]
+    while queue:
+        batch, queue = queue[:batch_size], queue[batch_size:]
+        ended = _decode_batch(lm, batch, eos_ids, pad, temperature, top_p, logits_processors or (),
+                              stop_below=(batch_size + 1) // 2 if queue else 0)
+        finish(ended)
+        queue = [j for j in batch if not j.get("ended")] + queue                     # the unfinished go first
     bar.close()
     return results
 
