@@ -33,8 +33,8 @@ _EMBEDDED = {
     "classifier_offline": {"C": 1.0},       # logistic regression on embeddings + LM features, trained on the training split
     "watermark": {"gamma": 0.25, "delta": 2.0, "seeding_scheme": "lefthash", "key": 15485863, "context_width": 1},  # KGW
     "data": {
-        "n_per_class": 50,                  # balanced sample: this many human and this many AI texts (2 CPU cores: the
-                                            # paraphrase pools fit the 20-minute budget at 50; use --set for more)
+        "n_per_class": 30,                  # balanced sample: this many human and this many AI texts (on 2 CPU cores
+                                            # the paraphrase pools and their scoring fit a 20-minute run at 30; --set for more)
         "min_tokens": 64, "max_tokens": 256,  # length window, in generator tokens, for both classes (one paraphrase chunk)
         "prompt_tokens": 30,                # AI text = first 30 tokens of a human document + a continuation
         "temperature": 0.7, "top_p": 1.0,   # decoding of the continuations (see 00_data for why)
