@@ -77,11 +77,9 @@ def kgw_detector(params: dict, model_config):
 
 # %% ../nbs/22_supervised_watermark.ipynb #64a02512
 def _generator_source(spec: str):
-    "Where the generator's tokenizer and config load from: the converted folder, a local folder, or the hub id."
-    from stealth_eval.models import EMBEDDED_LMS, convert_gguf
-    if spec in EMBEDDED_LMS: return convert_gguf(spec)[0]
-    p = Path(spec).expanduser()
-    return p if p.is_dir() else spec
+    "Where the generator's tokenizer and config load from (`models._model_source`)."
+    from stealth_eval.models import _model_source
+    return _model_source(spec)
 
 @lru_cache(maxsize=4)
 def generator_tokenizer_config(spec: str, trust_remote_code: bool = False) -> tuple:
