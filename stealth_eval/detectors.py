@@ -17,7 +17,7 @@ from .core import (Cache, ComponentUnavailable, Registry, get_logger, progress, 
 # %% auto #0
 __all__ = ['PANEL_VERSION', 'DETECTORS', 'panel_batch', 'binoculars_batch', 'panel_from_logits', 'panel_stats',
            'binoculars_from_logits', 'panel_reference', 'binoculars_reference', 'PanelDetector', 'BinocularsPair',
-           'score_texts', 'score_binoculars_pair', 'run_detectors_stage']
+           'score_texts', 'score_texts_windows', 'score_binoculars_pair', 'run_detectors_stage']
 
 # %% ../nbs/20_detectors.ipynb #3813068a
 PANEL_VERSION = "panel-v6"  # bump whenever the computation changes: it is part of every cache key
@@ -124,14 +124,17 @@ def _forward_batches(models: list, seqs: list, budget: int, granule: int, desc: 
         bar.update(len(idx))
     bar.close()
 
-def _panel_of_ids(lm, id_lists: list, max_tokens: int, budget: int, granule: int = 64, desc: str = "scoring") -> list:
-    "Panel statistics (or None below 2 predicted tokens) of token lists, truncated to `max_tokens`, in device batches."
+def _panel_of_ids(lm, id_lists: list, max_tokens, budget: int, granule: int = 64, desc: str = "scoring") -> list:
+    """Panel statistics (or None below 2 predicted tokens) of token lists, each truncated to `max_tokens` (one number,
+    or one per list), in device batches."""
     out = [None] * len(id_lists)
-    cut = [list(s[:max_tokens]) for s in id_lists]
+    caps = list(max_tokens) if isinstance(max_tokens, (list, tuple)) else [max_tokens] * len(id_lists)
+    cut = [list(s[:w]) for s, w in zip(id_lists, caps)]
     todo = [i for i, s in enumerate(cut) if len(s) - 1 >= 2]
     def take(idx, ids, lengths, logits):
         for i, st in zip(idx, panel_batch(logits[0], ids, lengths, lm.tokenizer.pad_token_id)):
-            out[todo[i]] = {**st, "truncated": len(id_lists[todo[i]]) > max_tokens, "n_tokens_input": len(id_lists[todo[i]])}
+            j = todo[i]
+            out[j] = {**st, "truncated": len(id_lists[j]) > caps[j], "n_tokens_input": len(id_lists[j])}
     _forward_batches([lm], [cut[i] for i in todo], budget, granule, desc, take)
     return out
 
@@ -283,27 +286,34 @@ DETECTORS = Registry("detector", {
 # %% ../nbs/20_detectors.ipynb #743269ce
 def score_texts(texts: list, model_spec: str, cfg: dict, cache: Cache, max_tokens: int | None = None) -> dict:
     """sha256(text) -> panel statistics (or None) over the first `max_tokens` tokens (default: `score_max_tokens`),
-    computing only what the cache lacks, in device batches. The cache key names the tokens actually scored, so
-    detectors with different windows share the entries of texts shorter than both."""
-    from stealth_eval.models import load_causal_lm, load_tokenizer
+    computing only what the cache lacks, in device batches."""
     W = int(cfg["score_max_tokens"] if max_tokens is None else max_tokens)
+    return score_texts_windows(texts, model_spec, cfg, cache, [W])[W]
+
+def score_texts_windows(texts: list, model_spec: str, cfg: dict, cache: Cache, windows: list) -> dict:
+    """window -> sha256(text) -> panel statistics over the text's first `window` tokens. The cache key names the tokens
+    actually scored, so a text shorter than several windows is looked up once and scored in one forward pass."""
+    from stealth_eval.models import load_causal_lm, load_tokenizer
+    windows = sorted({int(w) for w in windows})
     uniq = {sha256_text(t): t for t in texts}
-    if not uniq: return {}
+    if not uniq: return {W: {} for W in windows}
     identity = _identity_of(model_spec, cfg)
     tok = load_tokenizer(model_spec, trust_remote_code=cfg["trust_remote_code"])
     ids = dict(zip(uniq, tok(list(uniq.values()), truncation=False).input_ids))
-    out, todo = {}, []
+    got, todo = {}, {}       # (text, tokens scored) -> statistics; the entries to compute
     for h in uniq:
-        k = cache.key("lm_panel", model=identity, text=h, scored_tokens=min(len(ids[h]), W), version=PANEL_VERSION)
-        v = cache.get(k, default="<miss>")
-        if v == "<miss>": todo.append((h, k))
-        else: out[h] = v
+        for n in sorted({min(len(ids[h]), W) for W in windows}):
+            k = cache.key("lm_panel", model=identity, text=h, scored_tokens=n, version=PANEL_VERSION)
+            v = cache.get(k, default="<miss>")
+            if v == "<miss>": todo[(h, n)] = k
+            else: got[(h, n)] = v
     if todo:
         lm = load_causal_lm(model_spec, device=cfg["device"], trust_remote_code=cfg["trust_remote_code"])
         budget, granule = _budget(cfg, lm.device)
-        stats = _panel_of_ids(lm, [ids[h] for h, _ in todo], W, budget, granule, desc=f"scoring with {model_spec}")
-        for (h, k), st in zip(todo, stats): out[h] = cache.put(k, st)
-    return out
+        stats = _panel_of_ids(lm, [ids[h] for h, _ in todo], [n for _, n in todo], budget, granule,
+                              desc=f"scoring with {model_spec}")
+        for (hn, k), st in zip(todo.items(), stats): got[hn] = cache.put(k, st)
+    return {W: {h: got[(h, min(len(ids[h]), W))] for h in uniq} for W in windows}
 
 def score_binoculars_pair(texts: list, cfg: dict, cache: Cache, max_tokens: int = 512) -> dict:
     "sha256(text) -> {'binoculars', 'n_tokens_input', 'truncated'} (or None) for the configured observer/performer pair."
@@ -365,7 +375,16 @@ def run_detectors_stage(cfg: dict, cache: Cache | None = None):
         else: dets.append(det)
     valid_texts = outs.loc[outs["valid"], "text_out"].tolist()
     stats, failed = {}, {}
-    for det in dets:   # one computation per source: every panel detector reads the same forward pass
+    # the panel detectors of one model share a tokenisation and one cache entry per (text, tokens scored), whatever
+    # their windows: a text shorter than every window is looked up once and scored in one forward pass
+    panels = {}
+    for det in dets:
+        if isinstance(det, PanelDetector): panels.setdefault(cfg["scoring_model"], set()).add(det.window_of(cfg))
+    for model_spec, Ws in panels.items():
+        try: by_w = score_texts_windows(valid_texts, model_spec, cfg, cache, sorted(Ws))
+        except ComponentUnavailable as e: by_w = None; failed.update({("lm_panel", model_spec, W): str(e) for W in Ws})
+        if by_w is not None: stats.update({("lm_panel", model_spec, W): res for W, res in by_w.items()})
+    for det in dets:   # one computation per source: e.g. every panel detector reads the same forward pass
         src = det.source(cfg)
         if src in stats or src in failed: continue
         try: stats[src] = det.compute(valid_texts, cfg, cache) if valid_texts else {}
