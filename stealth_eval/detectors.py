@@ -101,12 +101,6 @@ def binoculars_batch(obs_logits, perf_logits, ids, lengths, pad_id=None) -> list
     b = ((-ll * pred).sum(1) / pred.sum(1)) / ((-mu * keep).sum(1) / keep.sum(1))
     return b.cpu().tolist()
 
-def _budget(cfg: dict, device: str) -> tuple:
-    "(tokens per forward pass, bucket granule) for scoring: `score_batch_tokens` ('auto': by device), `score_bucket_tokens`."
-    from stealth_eval.models import default_token_budget
-    b = cfg.get("score_batch_tokens", "auto")
-    return (default_token_budget(device) if b in (None, "auto") else int(b)), int(cfg.get("score_bucket_tokens", 64))
-
 def _forward_batches(models: list, seqs: list, budget: int, granule: int, desc: str, on_batch):
     """Run each LM of `models` over the token lists in batches whose shapes depend on each list's length alone
     (`models.plan_batches`); call `on_batch(indices, ids, lengths, [logits per model])` (dummy rows included)."""
@@ -293,7 +287,7 @@ def score_texts(texts: list, model_spec: str, cfg: dict, cache: Cache, max_token
 def score_texts_windows(texts: list, model_spec: str, cfg: dict, cache: Cache, windows: list) -> dict:
     """window -> sha256(text) -> panel statistics over the text's first `window` tokens. The cache key names the tokens
     actually scored, so a text shorter than several windows is looked up once and scored in one forward pass."""
-    from stealth_eval.models import load_causal_lm, load_tokenizer
+    from stealth_eval.models import load_causal_lm, load_tokenizer, scoring_budget
     windows = sorted({int(w) for w in windows})
     uniq = {sha256_text(t): t for t in texts}
     if not uniq: return {W: {} for W in windows}
@@ -309,7 +303,7 @@ def score_texts_windows(texts: list, model_spec: str, cfg: dict, cache: Cache, w
             else: got[(h, n)] = v
     if todo:
         lm = load_causal_lm(model_spec, device=cfg["device"], trust_remote_code=cfg["trust_remote_code"])
-        budget, granule = _budget(cfg, lm.device)
+        budget, granule = scoring_budget(cfg, lm.device)
         stats = _panel_of_ids(lm, [ids[h] for h, _ in todo], [n for _, n in todo], budget, granule,
                               desc=f"scoring with {model_spec}")
         for (hn, k), st in zip(todo.items(), stats): got[hn] = cache.put(k, st)
@@ -317,7 +311,7 @@ def score_texts_windows(texts: list, model_spec: str, cfg: dict, cache: Cache, w
 
 def score_binoculars_pair(texts: list, cfg: dict, cache: Cache, max_tokens: int = 512) -> dict:
     "sha256(text) -> {'binoculars', 'n_tokens_input', 'truncated'} (or None) for the configured observer/performer pair."
-    from stealth_eval.models import load_causal_lm, load_tokenizer
+    from stealth_eval.models import load_causal_lm, load_tokenizer, scoring_budget
     obs_spec, perf_spec = cfg["binoculars_observer"], cfg["binoculars_performer"]
     ident = [_identity_of(obs_spec, cfg), _identity_of(perf_spec, cfg)]
     uniq = {sha256_text(t): t for t in texts}
@@ -338,7 +332,7 @@ def score_binoculars_pair(texts: list, cfg: dict, cache: Cache, max_tokens: int 
         else: todo.append((h, k))
     if todo:
         obs, perf = (load_causal_lm(s, device=cfg["device"], **kw) for s in (obs_spec, perf_spec))
-        budget, granule = _budget(cfg, perf.device)
+        budget, granule = scoring_budget(cfg, perf.device)
         def take(idx, b_ids, lengths, logits):
             for i, b in zip(idx, binoculars_batch(logits[0], logits[1].to(logits[0].device), b_ids, lengths,
                                                   perf.tokenizer.pad_token_id)):

@@ -19,9 +19,9 @@ from .core import StealthEvalError, atomic_write_text, file_sha256, get_logger, 
 # %% auto #0
 __all__ = ['EMBEDDED_LMS', 'ENCODE_VERSION', 'SAMPLER_VERSION', 'CHAT_VERSION', 'convert_gguf', 'LoadedLM', 'offline_mode',
            'available_offline', 'resolve_device', 'lm_identity', 'load_causal_lm', 'load_tokenizer', 'model_max_tokens',
-           'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches', 'default_token_budget', 'pad_batch',
-           'Embedder', 'embedder_identity', 'load_embedder', 'row_seed', 'counter_uniform', 'seeded_sample',
-           'SeededSampler', 'sample_continuations', 'chat_prompt_ids', 'chat_generate']
+           'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches', 'default_token_budget', 'scoring_budget',
+           'pad_batch', 'Embedder', 'embedder_identity', 'load_embedder', 'row_seed', 'counter_uniform',
+           'seeded_sample', 'SeededSampler', 'sample_continuations', 'chat_prompt_ids', 'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
 def _package_dir(pkg: str) -> Path:
@@ -283,6 +283,12 @@ def plan_batches(lengths: list, token_budget: int, granule: int = 64, max_rows: 
 def default_token_budget(device: str) -> int:
     "Tokens per forward pass when none is set: 0 (one unpadded text per pass) on the CPU, 8192 on a GPU."
     return 0 if str(device).startswith("cpu") else 8192
+
+def scoring_budget(cfg: dict, device: str) -> tuple:
+    """(tokens per forward pass, bucket granule) of every scoring pass (LM panel, Binoculars, classifier):
+    `score_batch_tokens` ('auto': `default_token_budget` of the device) and `score_bucket_tokens`."""
+    b = cfg.get("score_batch_tokens", "auto")
+    return (default_token_budget(device) if b in (None, "auto") else int(b)), int(cfg.get("score_bucket_tokens", 64))
 
 def pad_batch(seqs: list, rows: int, length: int, pad_id: int):
     "Right-padded `(ids, mask)` tensors of shape (rows, length); rows beyond `seqs` repeat the first sequence."

@@ -207,7 +207,7 @@ def load_sequence_classifier(spec: str, device: str = "auto", trust_remote_code:
 def classify_texts(texts: list, spec: str, cfg: dict, cache: Cache) -> dict:
     "sha256(text) -> {'probs', 'n_tokens_input', 'truncated'} (or None), in device batches shaped by length, cached by content."
     import torch
-    from stealth_eval.models import default_token_budget, pad_batch, plan_batches
+    from stealth_eval.models import pad_batch, plan_batches, scoring_budget
     ident = classifier_identity(spec, cfg["trust_remote_code"])
     out, todo = {}, []
     for t in dict.fromkeys(texts):
@@ -225,11 +225,10 @@ def classify_texts(texts: list, spec: str, cfg: dict, cache: Cache) -> dict:
         if n_in[i] <= n_special: out[todo[i][0]] = cache.put(todo[i][2], None)
     rows = [i for i in range(len(todo)) if n_in[i] > n_special]
     seqs = [tok(todo[i][1], truncation=True, max_length=L).input_ids for i in rows]
-    b = cfg.get("score_batch_tokens", "auto")                          # device batches shaped by each text's length
-    budget = default_token_budget(device) if b in (None, "auto") else int(b)
+    budget, granule = scoring_budget(cfg, device)                      # device batches shaped by each text's length
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     bar = progress(total=len(rows), desc=f"classifier {spec}", unit="text")
-    for R, Lb, idx in plan_batches([len(s) for s in seqs], budget, int(cfg.get("score_bucket_tokens", 64))):
+    for R, Lb, idx in plan_batches([len(s) for s in seqs], budget, granule):
         ids, mask = pad_batch([seqs[j] for j in idx], R, Lb, pad)
         with torch.no_grad():
             probs = torch.softmax(model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.double(), -1)

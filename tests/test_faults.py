@@ -232,3 +232,36 @@ def test_ctrl_c_one_line_then_rerun_identical(tiny_run, tmp_path):
     assert info["stages"]["10_methods"]["status"] == "interrupted" and not (out / "metrics.json").exists()
     run_cli(*args)
     same_artifacts(out, tiny_run["out"])
+
+
+# ---------------------------------------------------------------- two runs at once on an empty cache
+
+def _artifacts(out: Path) -> dict:
+    """Relative path -> bytes of a run's artifacts, its own folder's name replaced (config.json records it); run_info.json,
+    executed notebooks and logs carry times and are left out."""
+    skip = lambda p: p.name == "run_info.json" or p.suffix in (".ipynb", ".log") or p.parts[0] in ("notebooks", "cache_stats")
+    return {str(p.relative_to(out)): p.read_bytes().replace(str(out).encode(), b"<run>") for p in sorted(out.rglob("*"))
+            if p.is_file() and not skip(p.relative_to(out))}
+
+
+def test_two_concurrent_runs_on_an_empty_cache(tmp_path):
+    """Two runs started together with an empty model cache (GGUF assembly, conversion) and an empty content store:
+    both finish, the shared model files are built once, and their artifacts are byte-identical."""
+    # one thread each: two runs of two threads on two cores spend half their time spinning at OpenMP barriers
+    env = {**os.environ, "STEALTH_EVAL_CACHE": str(tmp_path / "cache"), "STEALTH_EVAL_PROGRESS": "0",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    args = ["--profile", "tiny", "--methods", "m0", "--detectors", "log_likelihood", "fast_detectgpt", "--offline",
+            "--set", "data.n_per_class=6", "n_bootstrap=50"]
+    procs = [subprocess.Popen([sys.executable, "-m", "stealth_eval.run", *args, "--out_dir", str(tmp_path / f"run{i}")],
+                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in (0, 1)]
+    results = [(p, *p.communicate(timeout=1500)) for p in procs]
+    for p, out, err in results:
+        assert p.returncode == 0, err[-4000:]
+    a, b = (_artifacts(tmp_path / f"run{i}") for i in (0, 1))
+    assert "scores.parquet" in a and "metrics.json" in a and "raw_outputs.jsonl" in a
+    assert a.keys() == b.keys() and [k for k in a if a[k] != b[k]] == []
+    cache = tmp_path / "cache"
+    assert verify_store(cache / "store")["problems"] == {}
+    assert [p.name for p in (cache / "gguf").iterdir() if not p.name.endswith((".gguf", ".lock"))] == []   # no temp files
+    assert [p.name for p in (cache / "models").iterdir() if p.name.startswith(".")] == []
