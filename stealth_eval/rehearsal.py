@@ -377,8 +377,9 @@ def _peak_gb(device: str) -> float:
 
 def _free(device: str):
     import gc, torch
-    from stealth_eval import models
-    models.load_causal_lm.cache_clear(); models.load_embedder.cache_clear(); gc.collect()
+    from stealth_eval import models, supervised
+    models.load_causal_lm.cache_clear(); models.load_embedder.cache_clear(); supervised.load_sequence_classifier.cache_clear()
+    gc.collect()
     if device.startswith("cuda"): torch.cuda.empty_cache()
 
 def measure_models(cfg: dict, texts: list, new_tokens: int | None = None, n_prompts: int | None = None) -> list:
@@ -407,17 +408,13 @@ def measure_models(cfg: dict, texts: list, new_tokens: int | None = None, n_prom
                 t0 = time.perf_counter(); emb.encode(texts); dt = time.perf_counter() - t0
                 row.update(what="embed (encode)", items=len(texts), seconds=round(dt, 2), per_s=round(len(texts) / dt, 1), unit="texts/s")
             elif keys[0] == "classifier_model":
-                from transformers import AutoModelForSequenceClassification, AutoTokenizer
-                tok = AutoTokenizer.from_pretrained(spec)
-                m = AutoModelForSequenceClassification.from_pretrained(spec, dtype=torch.bfloat16 if cuda else torch.float32).to(dev).eval()
-                enc = [tok(texts[i:i + 16], padding=True, truncation=True, return_tensors="pt") for i in range(0, len(texts), 16)]
-                n = sum(int(e["attention_mask"].sum()) for e in enc)
-                t0 = time.perf_counter()
-                with torch.no_grad():
-                    for e in enc: m(**e.to(dev)).logits.float().cpu()
-                dt = time.perf_counter() - t0
-                row.update(what="classify (padded batches of 16)", items=n, seconds=round(dt, 2), per_s=round(n / dt, 1), unit="tokens/s")
+                from stealth_eval.supervised import classifier_max_tokens, classify_texts, load_sequence_classifier
+                m, tok, _ = load_sequence_classifier(spec, cfg["device"], cfg["trust_remote_code"])   # classify_texts' copy
+                n = sum(min(len(tok(t).input_ids), classifier_max_tokens(m.config, tok)) for t in texts)
                 del m
+                with tempfile.TemporaryDirectory() as d:
+                    t0 = time.perf_counter(); classify_texts(texts, spec, cfg, Cache(d)); dt = time.perf_counter() - t0
+                row.update(what="classify (length-shaped batches, fresh cache)", items=n, seconds=round(dt, 2), per_s=round(n / dt, 1), unit="tokens/s")
             elif set(keys) & {"generator", "paraphraser", "authormist_model"} and not set(keys) & {"scoring_model", "quality_lm"}:
                 lm = models.load_causal_lm(spec, device=dev)
                 prompts = [lm.tokenizer(t, add_special_tokens=False).input_ids[:64] for t in texts[:n_prompts]]
