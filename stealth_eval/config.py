@@ -13,7 +13,7 @@ from pathlib import Path
 from .core import Registry, StealthEvalError, UnknownNameError, resolve_path
 
 # %% auto #0
-__all__ = ['PROFILES', 'OPEN_SECTIONS', 'registries', 'parse_set', 'resolve_config']
+__all__ = ['PROFILES', 'OPEN_SECTIONS', 'registries', 'check_value', 'parse_set', 'resolve_config']
 
 # %% ../nbs/03_config.ipynb #4a0d89c3
 _EMBEDDED = {
@@ -155,7 +155,57 @@ def _set_dotted(cfg: dict, key: str, value):
         node = node[p]
     if parts[-1] not in node and parts[0] not in OPEN_SECTIONS:
         raise StealthEvalError(f"--set {key}: unknown key. Known keys here: {', '.join(node)}")
+    if parts[0] not in OPEN_SECTIONS: check_value(key, value)
     node[parts[-1]] = value
+
+# A value set by hand must have a type some profile gives that key (None only where a profile has None), and be in
+# range: counts are positive (those below may be 0), probabilities and rates lie in (0, 1], nothing is negative
+# (a temperature of 0 decodes greedily).
+_AUTO_OR_INT = {"score_batch_tokens", "embed_batch_tokens"}           # "auto" or a number of tokens (0: one text)
+_ZERO_OK = {"classifier_ai_label", "watermark.key", "perturbation.buffer_size", "data.min_tokens", "n_examples",
+            "score_batch_tokens", "embed_batch_tokens", "seed"}
+_UNIT = {"fpr_targets", "homoglyph_rates", "ci_level", "watermark.gamma", "m3_min_sim", "polish.min_similarity",
+         "perturbation.pct_words_masked", "shield.random_p", "shield.swap_p", "shield.rounds_p"}
+_DEVICE = r"auto|cpu|mps|cuda(:[0-9]+)?"
+
+def _profile_values(key: str) -> list:
+    vals = []
+    for prof in PROFILES.values():
+        node = prof
+        for p in key.split("."): node = node.get(p, "<absent>") if isinstance(node, dict) else "<absent>"
+        if node != "<absent>": vals.append(node)
+    return vals
+
+def _kind(v) -> str:
+    return ("null" if v is None else "a boolean" if isinstance(v, bool) else "an integer" if isinstance(v, int)
+            else "a number" if isinstance(v, float) else "a string" if isinstance(v, str) else "a list" if isinstance(v, list)
+            else "a section" if isinstance(v, dict) else type(v).__name__)
+
+def _shown(v) -> str: return v if isinstance(v, str) else json.dumps(v)   # as typed after `key=`
+
+def check_value(key: str, value):
+    "Raise a one-line StealthEvalError unless `value` suits `key` (dotted): its type in the profiles, then its range."
+    import re
+    vals = _profile_values(key)
+    if all(v is None for v in vals): return               # a key no profile sets (or sets to None): nothing to compare
+    leaf = key.split(".")[-1]
+    kinds = {_kind(v) for v in vals} | ({"an integer"} if key in _AUTO_OR_INT else set())
+    got = _kind(value)
+    ok = got in kinds or (got == "an integer" and "a number" in kinds)
+    if not ok:
+        example = next(v for v in vals if v is not None)
+        raise StealthEvalError(f"--set {key}={_shown(value)}: expects {' or '.join(sorted(kinds))} "
+                               f"(e.g. {json.dumps(example)}), got {got}")
+    items = value if isinstance(value, list) else [value]
+    for x in items:
+        if isinstance(x, bool) or not isinstance(x, (int, float)): continue
+        if key in _UNIT or leaf.endswith("top_p"):
+            if not 0 < x <= 1: raise StealthEvalError(f"--set {key}={_shown(value)}: values must lie in (0, 1], got {x}")
+        elif "a number" not in kinds and x < (0 if key in _ZERO_OK else 1):     # a count
+            raise StealthEvalError(f"--set {key}={_shown(value)}: must be {'>= 0' if key in _ZERO_OK else 'a positive count'}, got {x}")
+        elif x < 0: raise StealthEvalError(f"--set {key}={_shown(value)}: must not be negative, got {x}")
+    if key == "device" and not re.fullmatch(_DEVICE, str(value)):
+        raise StealthEvalError(f"--set device={value}: unknown device; use auto, cpu, mps, cuda or cuda:N")
 
 def parse_set(items) -> dict:
     "`['data.n_per_class=20', 'homoglyph_rates=[0.01]']` -> {dotted key: JSON value (or string)}."
