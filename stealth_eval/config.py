@@ -10,7 +10,7 @@ import math
 import json
 from pathlib import Path
 
-from .core import Registry, StealthEvalError, UnknownNameError, resolve_path
+from .core import Registry, StealthEvalError, UnknownNameError, deep_merge, resolve_path
 
 # %% auto #0
 __all__ = ['PROFILES', 'OPEN_SECTIONS', 'registries', 'check_value', 'parse_set', 'resolve_config']
@@ -94,15 +94,9 @@ _EMBEDDED = {
     "data_paths": {},                       # benchmark name -> folder in the upstream layout (else $STEALTH_EVAL_DATA/<name>)
 }
 
-def _merge(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
-
 PROFILES = {
     "embedded": _EMBEDDED,
-    "tiny": _merge(_EMBEDDED, {
+    "tiny": deep_merge(_EMBEDDED, {
         "methods": ["m0", "m5"], "n_candidates": [1],
         "data": {"n_per_class": 16, "min_tokens": 48, "max_tokens": 128, "benchmark_n_per_class": 12, "n_train_per_class": 12},
         "homoglyph_rates": [0.005, 0.02],
@@ -113,7 +107,7 @@ PROFILES = {
         "n_bootstrap": 200,
         "n_examples": 6,
     }),
-    "paper": _merge(_EMBEDDED, {
+    "paper": deep_merge(_EMBEDDED, {
         "generator": "Qwen/Qwen3-4B-Instruct-2507",
         "scoring_model": "tiiuae/falcon-7b",
         "binoculars_observer": "tiiuae/falcon-7b", "binoculars_performer": "tiiuae/falcon-7b-instruct",
@@ -137,7 +131,7 @@ PROFILES = {
     }),
 }
 # the paper profile on random-weight stand-ins of its models, built locally (06_rehearsal): costs, not results
-PROFILES["rehearsal"] = _merge(PROFILES["paper"], {"rehearsal": {"scale": "auto", "seed": 0, "measure_models": True}})
+PROFILES["rehearsal"] = deep_merge(PROFILES["paper"], {"rehearsal": {"scale": "auto", "seed": 0, "measure_models": True}})
 
 # %% ../nbs/03_config.ipynb #747aefc8
 def registries() -> dict:

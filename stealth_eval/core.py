@@ -5,6 +5,7 @@
 # %% ../nbs/01_core.ipynb #91bc2f8d
 from __future__ import annotations
 
+import copy
 import difflib
 import hashlib
 import importlib
@@ -23,8 +24,8 @@ from pathlib import Path
 __all__ = ['CACHE_FORMAT', 'PROVENANCE_PACKAGES', 'StealthEvalError', 'UnknownNameError', 'ComponentUnavailable', 'Registry',
            'project_root', 'user_cache_dir', 'resolve_path', 'get_logger', 'progress', 'sha256_bytes', 'sha256_text',
            'stable_hash', 'file_sha256', 'atomic_write_bytes', 'atomic_write_text', 'file_lock', 'build_file_once',
-           'to_jsonable', 'write_json', 'read_json', 'write_jsonl', 'read_jsonl', 'check_entry', 'Cache',
-           'verify_store', 'prune_store', 'run_cache', 'package_versions', 'git_commit']
+           'to_jsonable', 'write_json', 'read_json', 'deep_merge', 'record_skipped', 'write_jsonl', 'read_jsonl',
+           'check_entry', 'Cache', 'verify_store', 'prune_store', 'run_cache', 'package_versions', 'git_commit']
 
 # %% ../nbs/01_core.ipynb #d5cc8c30
 class StealthEvalError(Exception):
@@ -184,6 +185,21 @@ def write_json(path, obj) -> Path:
 
 def read_json(path):
     with open(path, encoding="utf-8") as f: return json.load(f)
+
+def deep_merge(base: dict, over: dict) -> dict:
+    "A deep copy of `base` with `over` laid on top, section by section (nested dicts merge; other values replace)."
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+def record_skipped(cfg: dict, name: str, reason: str, kind: str = "methods"):
+    "Merge `{kind: {name: reason}}` into `out_dir/skipped.json` (other keys and entries are kept)."
+    if not cfg.get("out_dir"): return
+    path = Path(cfg["out_dir"]) / "skipped.json"
+    data = read_json(path) if path.exists() else {}
+    data.setdefault(kind, {})[name] = reason
+    write_json(path, data)
 
 def write_jsonl(path, records) -> Path:
     lines = [json.dumps(to_jsonable(r), ensure_ascii=False, allow_nan=False) for r in records]

@@ -118,11 +118,9 @@ def _forward_batches(models: list, seqs: list, budget: int, granule: int, desc: 
         bar.update(len(idx))
     bar.close()
 
-def _panel_of_ids(lm, id_lists: list, max_tokens, budget: int, granule: int = 64, desc: str = "scoring") -> list:
-    """Panel statistics (or None below 2 predicted tokens) of token lists, each truncated to `max_tokens` (one number,
-    or one per list), in device batches."""
+def _panel_of_ids(lm, id_lists: list, caps: list, budget: int, granule: int = 64, desc: str = "scoring") -> list:
+    "Panel statistics (or None below 2 predicted tokens) of token lists, list i truncated to caps[i], in device batches."
     out = [None] * len(id_lists)
-    caps = list(max_tokens) if isinstance(max_tokens, (list, tuple)) else [max_tokens] * len(id_lists)
     cut = [list(s[:w]) for s, w in zip(id_lists, caps)]
     todo = [i for i, s in enumerate(cut) if len(s) - 1 >= 2]
     def take(idx, ids, lengths, logits):
@@ -143,7 +141,7 @@ def panel_from_logits(logits, labels, ref_logits=None, chunk: int = 8) -> dict:
 def panel_stats(lm, text: str, max_tokens: int = 512) -> dict | None:
     "The panel statistics of one text (truncated to `max_tokens`) from one forward pass, or None if < 2 tokens."
     ids = lm.tokenizer(text, truncation=False).input_ids
-    return _panel_of_ids(lm, [ids], max_tokens, 0)[0]
+    return _panel_of_ids(lm, [ids], [max_tokens], 0)[0]
 
 def binoculars_from_logits(obs_logits, perf_logits, ids, pad_id=None, chunk: int = 8) -> float:
     "Binoculars score of one text from the observer's and performer's logits (L, V) over its ids (L,)."
@@ -371,13 +369,11 @@ def run_detectors_stage(cfg: dict, cache: Cache | None = None):
     stats, failed = {}, {}
     # the panel detectors of one model share a tokenisation and one cache entry per (text, tokens scored), whatever
     # their windows: a text shorter than every window is looked up once and scored in one forward pass
-    panels = {}
-    for det in dets:
-        if isinstance(det, PanelDetector): panels.setdefault(cfg["scoring_model"], set()).add(det.window_of(cfg))
-    for model_spec, Ws in panels.items():
-        try: by_w = score_texts_windows(valid_texts, model_spec, cfg, cache, sorted(Ws))
-        except ComponentUnavailable as e: by_w = None; failed.update({("lm_panel", model_spec, W): str(e) for W in Ws})
-        if by_w is not None: stats.update({("lm_panel", model_spec, W): res for W, res in by_w.items()})
+    panel = [d for d in dets if isinstance(d, PanelDetector)]
+    if panel:
+        try: by_w = score_texts_windows(valid_texts, cfg["scoring_model"], cfg, cache, [d.window_of(cfg) for d in panel])
+        except ComponentUnavailable as e: failed.update({d.source(cfg): str(e) for d in panel})
+        else: stats.update({d.source(cfg): by_w[d.window_of(cfg)] for d in panel})
     for det in dets:   # one computation per source: e.g. every panel detector reads the same forward pass
         src = det.source(cfg)
         if src in stats or src in failed: continue

@@ -10,13 +10,13 @@ import unicodedata
 from functools import lru_cache
 from pathlib import Path
 
-from .core import Cache, Registry, get_logger, progress, read_json, read_jsonl, write_json, write_jsonl
+from .core import Cache, Registry, get_logger, progress, read_json, read_jsonl, record_skipped, write_json, write_jsonl
 from .data import load_run_dataset, text_validity
 from .models import row_seed
 
 # %% auto #0
 __all__ = ['METHODS', 'method_m0', 'confusable_inverse', 'homoglyph_table', 'homoglyph_attack', 'method_m5', 'sanitize',
-           'condition_name', 'record_skipped', 'run_methods_stage', 'methods_summary']
+           'condition_name', 'run_methods_stage', 'methods_summary']
 
 # %% ../nbs/10_methods.ipynb #128b1389
 def method_m0(item: dict, cfg: dict) -> list:
@@ -99,14 +99,6 @@ METHODS = Registry("method", {
 def condition_name(method: str, setting: str, defense: str = "none") -> str:
     "The key of a (method, setting, defense) in metrics and tables: `m5:homoglyph_p=0.01+sanitize`."
     return method + (f":{setting}" if setting else "") + ("" if defense == "none" else f"+{defense}")
-
-def record_skipped(cfg: dict, name: str, reason: str, kind: str = "methods"):
-    "Merge `{kind: {name: reason}}` into `out_dir/skipped.json` (other keys and entries are kept)."
-    if not cfg.get("out_dir"): return
-    path = Path(cfg["out_dir"]) / "skipped.json"
-    data = read_json(path) if path.exists() else {}
-    data.setdefault(kind, {})[name] = reason
-    write_json(path, data)
 
 def _outputs_rows(r, out, method, defenses, vcfg, base):
     "Rows of one output: every candidate, each with its validity; the all-invalid policy applied to rank 0."

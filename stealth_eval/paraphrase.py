@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .core import (Cache, ComponentUnavailable, StealthEvalError, get_logger, progress, read_jsonl,
-                               sha256_text, stable_hash)
+from .core import (Cache, ComponentUnavailable, StealthEvalError, get_logger, progress, read_jsonl, record_skipped,
+                   sha256_text, stable_hash)
 from .data import text_validity
 from .models import row_seed
 
@@ -387,10 +387,6 @@ def select_ensemble(valid: list, sims: list, member_scores: list, min_sim: float
                   "guide_score": mean[j], "fallback": False}
 
 # %% ../nbs/11_paraphrase.ipynb #9c154b67
-def _record_skipped(cfg: dict, name: str, reason: str):
-    from stealth_eval.methods import record_skipped
-    record_skipped(cfg, name, reason)
-
 def guide_detectors(cfg: dict) -> tuple:
     "Detector guides that can run {name: detector}, those that cannot {name: reason}, the guidance rules, the ensemble members."
     from stealth_eval.detectors import DETECTORS
@@ -423,11 +419,11 @@ def method_m3(items: list, cfg: dict, cache) -> list:
     ns, min_sim = cfg["n_candidates"], cfg.get("m3_min_sim", 0.90)
     dets, why, guides, members = guide_detectors(cfg)
     for g, r in why.items():
-        if g in guides: _record_skipped(cfg, f"m3:guide={g}", r); get_logger().warning(f"m3: guide {g} skipped: {r}")
+        if g in guides: record_skipped(cfg, f"m3:guide={g}", r); get_logger().warning(f"m3: guide {g} skipped: {r}")
     ens = [m for m in members if m in dets]
     if "ensemble" in guides and len(ens) < 2:
         r = f"the ensemble needs two member guides that can run; available: {ens or 'none'} (of {members})"
-        _record_skipped(cfg, "m3:guide=ensemble", r); get_logger().warning(f"m3: guide ensemble skipped: {r}")
+        record_skipped(cfg, "m3:guide=ensemble", r); get_logger().warning(f"m3: guide ensemble skipped: {r}")
     rules = [g for g in guides if (g in dets) or (g == "ensemble" and len(ens) >= 2)]
     if not rules: raise ComponentUnavailable(f"no guidance detector can run here: {why}")
     pools = paraphrase_pool(items, cfg, cache, paraphraser_of(cfg), max(ns), pool="m1")    # M1's pool: cached

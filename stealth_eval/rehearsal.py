@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from .core import StealthEvalError, atomic_write_text, get_logger, read_json, user_cache_dir, write_json
+from .core import StealthEvalError, atomic_write_text, deep_merge, get_logger, read_json, user_cache_dir, write_json
 
 # %% auto #0
 __all__ = ['REAL_CONFIGS', 'STANDS_FOR', 'TOKENIZER_KIND', 'CHAT_TEMPLATE', 'MARKER', 'SHARED_WEIGHTS', 'BANNER', 'REDUCED_RUN',
@@ -285,7 +285,6 @@ def rehearsal_scale(scale: str = "auto", device: str = "auto") -> str:
 
 def rehearsal_config(cfg: dict, overrides: dict | None = None) -> dict:
     "The rehearsal profile made concrete: stand-ins built and swapped in, CPU sample sizes when reduced."
-    from stealth_eval.config import _merge
     ov = dict(overrides or {})
     r = dict(cfg.get("rehearsal") or {})
     scale = rehearsal_scale(ov.get("rehearsal.scale", r.get("scale", "auto")), ov.get("device", cfg.get("device", "auto")))
@@ -293,7 +292,7 @@ def rehearsal_config(cfg: dict, overrides: dict | None = None) -> dict:
     used = {n for n, hub in STANDS_FOR.items() if hub in json.dumps(cfg)}
     folders = build_rehearsal_models(scale=scale, seed=seed, names=[n for n in REAL_CONFIGS if n in used])
     out = _replace_hub_ids(cfg, folders)
-    if scale == "reduced": out = _merge(out, REDUCED_RUN)
+    if scale == "reduced": out = deep_merge(out, REDUCED_RUN)
     out["rehearsal"] = {**r, "scale": scale, "seed": seed, "banner": BANNER, "models": {n: str(f) for n, f in folders.items()}}
     return out
 
