@@ -12,8 +12,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from .core import Registry, StealthEvalError, UnknownNameError, stable_hash
-from .data import _few
+from .core import Registry, StealthEvalError, UnknownNameError, few as _few, stable_hash
 
 # %% auto #0
 __all__ = ['DATA_ENV', 'BENCHMARK_SOURCES', 'PADBEN_SPLIT', 'PADBEN_TASKS', 'PADBEN_GENERATOR', 'PADBEN_LABELS', 'APT_COLUMNS',

@@ -13,7 +13,7 @@ import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from .core import StealthEvalError, UnknownNameError, get_logger, read_json
+from .core import StealthEvalError, UnknownNameError, few as _few, get_logger, read_json
 from .models import offline_mode
 
 # %% auto #0
@@ -24,10 +24,6 @@ __all__ = ['MAGE_REPO', 'MAGE_COLUMNS', 'MAGE_LABELS', 'MAGE_HF_TEST_FILES', 'RA
            'load_beemo', 'beemo_task', 'read_hf_arrow_folder', 'mage_upstream_sample', 'load_adversarial_paraphrasing']
 
 # %% ../nbs/05_benchmarks_hub.ipynb #e619b978
-def _few(xs, k=5) -> str:
-    xs = list(xs)
-    return ", ".join(map(repr, xs[:k])) + (f" and {len(xs) - k} more" if len(xs) > k else "")
-
 def _drop(id, filter: str, reason: str, **kw) -> dict: return {"id": str(id), "filter": filter, "reason": reason, **kw}
 
 def _need_columns(columns, required, where, fmt: str):

@@ -10,14 +10,18 @@ import math
 import json
 from pathlib import Path
 
-from .core import Registry, StealthEvalError, UnknownNameError, deep_merge, resolve_path
+from .components import DATASETS, DETECTORS, METHODS, load_plugins
+from .core import StealthEvalError, UnknownNameError, deep_merge, read_json, resolve_path
 
 # %% auto #0
-__all__ = ['PROFILES', 'OPEN_SECTIONS', 'registries', 'check_value', 'parse_set', 'resolve_config']
+__all__ = ['PIPELINE', 'PROFILES', 'OPEN_SECTIONS', 'registries', 'check_value', 'parse_set', 'resolve_config', 'load_config']
 
 # %% ../nbs/03_config.ipynb #4a0d89c3
+PIPELINE = ["00_data", "10_methods", "20_detectors", "30_calibration_metrics", "40_figures"]   # the stage notebooks, in order
+
 _EMBEDDED = {
     "datasets": ["lee_news"],
+    "plugins": [],                          # .py files or modules that register more datasets, methods or detectors
     "methods": ["m0", "m1", "m3", "m5"],      # no attack, paraphrase, guided paraphrase, homoglyphs (M2/M4 on request)
     "detectors": ["log_likelihood", "log_rank", "rank", "entropy", "lrr", "fast_detectgpt", "binoculars_single"],
     "n_candidates": [1, 4],                 # the budget sweep: one pool of 4 paraphrases per text serves N = 1 and 4
@@ -135,9 +139,8 @@ PROFILES["rehearsal"] = deep_merge(PROFILES["paper"], {"rehearsal": {"scale": "a
 
 # %% ../nbs/03_config.ipynb #747aefc8
 def registries() -> dict:
-    "The dataset, method and detector registries (importing the stage modules is cheap: no model loads)."
-    from stealth_eval import data, detectors, methods
-    return {"dataset": data.DATASETS, "method": methods.METHODS, "detector": detectors.DETECTORS}
+    "The dataset, method and detector registries (`stealth_eval.components`; filled by importing their modules: no model loads)."
+    return {"dataset": DATASETS, "method": METHODS, "detector": DETECTORS}
 
 OPEN_SECTIONS = {"data_paths", "score_windows"}   # sections whose keys the user names (benchmark -> folder)
 
@@ -212,7 +215,8 @@ def parse_set(items) -> dict:
     return out
 
 def resolve_config(profile: str = "embedded", datasets=None, methods=None, detectors=None, n_candidates=None,
-                   seed: int = 0, out_dir: str = "artifacts", overrides: dict | None = None, no_cache: bool = False) -> dict:
+                   seed: int = 0, out_dir: str = "artifacts", overrides: dict | None = None, no_cache: bool = False,
+                   plugins=None) -> dict:
     "The full configuration of a run: profile defaults, then explicit choices, validated."
     if profile not in PROFILES:
         raise UnknownNameError(f"unknown profile {profile!r}. Valid profiles: {', '.join(PROFILES)}")
@@ -221,6 +225,7 @@ def resolve_config(profile: str = "embedded", datasets=None, methods=None, detec
         from stealth_eval.rehearsal import rehearsal_config
         cfg = rehearsal_config(cfg, overrides)
     for k, v in (overrides or {}).items(): _set_dotted(cfg, k, v)
+    cfg["plugins"] = load_plugins(list(cfg.get("plugins") or []) + list(plugins or []))   # before the names are checked
     regs = registries()
     ds_specs = []
     for d in (datasets or cfg["datasets"]):
@@ -245,4 +250,17 @@ def resolve_config(profile: str = "embedded", datasets=None, methods=None, detec
     if bad: regs["method"].check(bad)
     cfg.update(profile=profile, seed=int(seed), out_dir=str(resolve_path(out_dir)), no_cache=bool(no_cache))
     if cfg["cache_dir"]: cfg["cache_dir"] = str(resolve_path(cfg["cache_dir"]))
+    return cfg
+
+def load_config(path) -> dict:
+    """The configuration a run resolved once (`config.json`, written by the runner): its plugins imported and its
+    component names checked against the registries, so every stage reads the same values."""
+    path = Path(path)
+    if not path.is_file(): raise StealthEvalError(f"{path}: no such configuration file (the runner writes config.json in the run folder)")
+    cfg = read_json(path)
+    missing = [k for k in ("datasets", "methods", "detectors", "out_dir", "seed") if k not in (cfg if isinstance(cfg, dict) else {})]
+    if missing: raise StealthEvalError(f"{path}: not a run configuration (missing {', '.join(missing)})")
+    load_plugins(cfg.get("plugins"))
+    DATASETS.check([d["name"] for d in cfg["datasets"] if not d.get("path")])
+    METHODS.check(cfg["methods"]); DETECTORS.check(cfg["detectors"])
     return cfg

@@ -21,11 +21,12 @@ from importlib import metadata
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['CACHE_FORMAT', 'PROVENANCE_PACKAGES', 'StealthEvalError', 'UnknownNameError', 'ComponentUnavailable', 'Registry',
-           'project_root', 'user_cache_dir', 'resolve_path', 'get_logger', 'progress', 'sha256_bytes', 'sha256_text',
-           'stable_hash', 'file_sha256', 'atomic_write_bytes', 'atomic_write_text', 'file_lock', 'build_file_once',
-           'to_jsonable', 'write_json', 'read_json', 'deep_merge', 'record_skipped', 'write_jsonl', 'read_jsonl',
-           'check_entry', 'Cache', 'verify_store', 'prune_store', 'run_cache', 'package_versions', 'git_commit']
+__all__ = ['CACHE_FORMAT', 'PROVENANCE_PACKAGES', 'StealthEvalError', 'UnknownNameError', 'ComponentUnavailable', 'few',
+           'Registry', 'project_root', 'user_cache_dir', 'resolve_path', 'get_logger', 'progress', 'sha256_bytes',
+           'sha256_text', 'stable_hash', 'file_sha256', 'atomic_write_bytes', 'atomic_write_text', 'file_lock',
+           'build_file_once', 'to_jsonable', 'write_json', 'read_json', 'deep_merge', 'record_skipped', 'write_jsonl',
+           'read_jsonl', 'check_entry', 'Cache', 'verify_store', 'prune_store', 'run_cache', 'package_versions',
+           'git_commit']
 
 # %% ../nbs/01_core.ipynb #d5cc8c30
 class StealthEvalError(Exception):
@@ -36,6 +37,11 @@ class UnknownNameError(StealthEvalError, ValueError):
 
 class ComponentUnavailable(StealthEvalError):
     "A method or detector that cannot run here (no adapter, no network, no GPU); the message is the reason, reported as skipped."
+
+def few(xs, k=5) -> str:
+    "The first `k` of `xs` for an error message: `'a', 'b' and 3 more`."
+    xs = list(xs)
+    return ", ".join(map(repr, xs[:k])) + (f" and {len(xs) - k} more" if len(xs) > k else "")
 
 # %% ../nbs/01_core.ipynb #09bdff3b
 class Registry:

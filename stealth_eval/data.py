@@ -8,17 +8,19 @@ from __future__ import annotations
 import importlib.util
 import math
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .core import (Cache, Registry, StealthEvalError, get_logger, read_json, read_jsonl, run_cache, sha256_text,
+from .components import DATASETS, DETECTORS, METHODS, Built, Dataset, FunctionDataset
+from .core import (Cache, StealthEvalError, few as _few, get_logger, read_json, read_jsonl, run_cache, sha256_text,
                                write_json, write_jsonl)
 
 # %% auto #0
-__all__ = ['SCHEMA', 'LABELS', 'TRAIN_SPLIT_USERS', 'DATASETS', 'text_validity', 'validate_records', 'check_usable',
-           'load_dataset_file', 'normalize_ws', 'lee_documents', 'needs_train_split', 'train_split_path',
-           'load_train_split', 'build_lee_news', 'build_lee_news_kgw', 'dataset_card', 'stratified_sample',
-           'drop_repeated_human_texts', 'benchmark_train_split', 'benchmark_builder', 'dataset_path', 'run_data_stage',
-           'load_run_dataset', 'card_markdown']
+__all__ = ['SCHEMA', 'LABELS', 'text_validity', 'validate_records', 'check_usable', 'load_dataset_file', 'normalize_ws',
+           'lee_documents', 'needs_train_split', 'train_split_path', 'load_train_split', 'build_lee_news',
+           'build_lee_news_kgw', 'dataset_card', 'stratified_sample', 'drop_repeated_human_texts',
+           'benchmark_train_split', 'BenchmarkDataset', 'dataset_path', 'run_data_stage', 'load_run_dataset',
+           'card_markdown']
 
 # %% ../nbs/00_data.ipynb #64d8f460
 SCHEMA = ["id", "label", "domain", "generator", "text"]
@@ -86,10 +88,6 @@ def _short(v) -> str:
     r = repr(v)
     return r if len(r) <= 40 else r[:37] + "..."
 
-def _few(xs, k=5) -> str:
-    xs = list(xs)
-    return ", ".join(map(repr, xs[:k])) + (f" and {len(xs) - k} more" if len(xs) > k else "")
-
 def validate_records(df, source: str, min_words: int = 10):
     "Check the schema of a dataset table; return a copy with `valid` and `fail_reason` columns."
     import pandas as pd
@@ -150,12 +148,11 @@ def lee_documents() -> list:
     return docs
 
 # %% ../nbs/00_data.ipynb #d7772cb5
-TRAIN_SPLIT_USERS = {"detectors": ("classifier_offline",), "methods": ("shield",)}  # components that fit on a training split
-
 def needs_train_split(cfg: dict) -> bool:
-    "Whether the run uses a component that is fitted on a training split (and `data.n_train_per_class` is not 0)."
+    "Whether the run uses a component fitted on a training split (its `needs_train_split`), and `data.n_train_per_class` is not 0."
     if not cfg["data"].get("n_train_per_class", 50): return False
-    return any(n in (cfg.get(k) or []) for k, names in TRAIN_SPLIT_USERS.items() for n in names)
+    return any(reg.get(n).needs_train_split for reg, key in ((DETECTORS, "detectors"), (METHODS, "methods"))
+               for n in (cfg.get(key) or []) if n in reg)
 
 def train_split_path(out_dir, name: str) -> Path:
     "data/<file>.train.jsonl: the training split written next to a dataset's evaluation file."
@@ -201,7 +198,7 @@ def _lee_continue(cfg: dict, cache: Cache, lm, docs: list, name: str, watermark:
     if not todo: return
     procs = None
     if watermark is not None:
-        from stealth_eval.supervised import KGWLogitsProcessor
+        from stealth_eval.watermark import KGWLogitsProcessor
         procs = [KGWLogitsProcessor(watermark, lm.model.config.get_text_config().vocab_size, dc["temperature"])]
     def store(idx, outs):   # cached batch by batch, so an interrupted run resumes where it stopped
         for i, ids in zip(idx, outs):
@@ -230,7 +227,7 @@ def _lee_records(cfg: dict, tok, human_docs: list, ai_docs: list, gen_name: str,
                  "source_id": d["id"], "n_tokens": len(d["ids"])} for d in human_docs if not paired or d["id"] in ai]
     return sorted(records, key=lambda r: (r["label"], r["id"]))
 
-def build_lee_news(cfg: dict, cache: Cache, name: str = "lee_news", watermark: bool = False) -> tuple:
+def build_lee_news(cfg: dict, cache: Cache, name: str = "lee_news", watermark: bool = False) -> Built:
     "Balanced human/AI records from the Lee corpus and generator continuations, the drops, and the training split."
     import numpy as np
     from stealth_eval.models import load_causal_lm
@@ -252,20 +249,20 @@ def build_lee_news(cfg: dict, cache: Cache, name: str = "lee_news", watermark: b
         drops.append({"id": d["id"], "filter": "sample", "reason": f"not drawn: balanced sample of {n} per class"})
     wm = None
     if watermark:
-        from stealth_eval.supervised import watermark_params
+        from stealth_eval.watermark import watermark_params
         wm = watermark_params(cfg)
     _lee_continue(cfg, cache, lm, chosen + train_a, name, wm)
     gen_name = cfg["generator"] + ("+kgw" if watermark else "")
     prefix = "kgw_" if watermark else ""   # ids unique across the run's datasets; source_id stays the Lee document
     records = _lee_records(cfg, tok, chosen, chosen, gen_name, drops, paired=True, id_prefix=prefix)
-    if not want: return records, drops
+    if not want: return Built(records, drops)
     tdrops = []
     train = _lee_records(cfg, tok, train_h, train_a, gen_name, tdrops, paired=False, id_prefix=prefix)
     note = (f"{k} human documents not in the evaluation sample and AI continuations of {k} other ones"
             + (f" (asked for {want} per class; only {len(rest)} documents were left)" if k < want else ""))
-    return records, drops, {"records": train, "note": note, "drops": tdrops}
+    return Built(records, drops, {"records": train, "note": note, "drops": tdrops})
 
-def build_lee_news_kgw(cfg: dict, cache: Cache) -> tuple:
+def build_lee_news_kgw(cfg: dict, cache: Cache) -> Built:
     "Lee news whose AI texts carry a KGW watermark (`cfg['watermark']`; same human texts, prompts and seeds)."
     return build_lee_news(cfg, cache, name="lee_news_kgw", watermark=True)
 
@@ -352,44 +349,50 @@ def benchmark_train_split(records: list, kept: list, n: int, seed: int, name: st
     return train, f"{n} unedited human and {n} AI rows not in the evaluation sample (disjoint by source id and text)"
 
 # %% ../nbs/00_data.ipynb #40b0723c
-def benchmark_builder(loader: str, folder: str, file: str | None = None, **kwargs):
-    "A dataset builder around a benchmark loader ('module:attr'), its data folder name and fixed arguments."
-    def build(cfg: dict, cache: Cache, name: str):
+@dataclass(frozen=True, kw_only=True)
+class BenchmarkDataset(Dataset):
+    "A benchmark read by its loader ('module:attr') from its data folder, deduplicated, sampled, with a training split."
+    loader: str
+    kwargs: dict = field(default_factory=dict)   # fixed loader arguments; a callable value reads the run's config
+
+    def build(self, cfg: dict, cache: Cache) -> Built:
         import importlib
-        mod, attr = loader.split(":")
+        mod, attr = self.loader.split(":")
         fn = getattr(importlib.import_module(mod), attr)
-        path = (cfg.get("data_paths") or {}).get(name)
-        kw = {k: (v(cfg) if callable(v) else v) for k, v in kwargs.items()}   # a callable argument reads the run's config
+        path = (cfg.get("data_paths") or {}).get(self.name)
+        kw = {k: (v(cfg) if callable(v) else v) for k, v in self.kwargs.items()}
         records, drops = fn(path, **kw)
         records, ddrops = drop_repeated_human_texts(records)
-        kept, sdrops = stratified_sample(records, cfg["data"].get("benchmark_n_per_class"), cfg["seed"], name)
-        if not needs_train_split(cfg): return kept, list(drops) + ddrops + sdrops
-        train, note = benchmark_train_split(records, kept, cfg["data"].get("n_train_per_class", 50), cfg["seed"], name)
-        return kept, list(drops) + ddrops + sdrops, {"records": train, "note": note, "drops": []}
-    build.folder, build.file = folder, file or folder
-    return build
+        kept, sdrops = stratified_sample(records, cfg["data"].get("benchmark_n_per_class"), cfg["seed"], self.name)
+        if not needs_train_split(cfg): return Built(kept, list(drops) + ddrops + sdrops)
+        train, note = benchmark_train_split(records, kept, cfg["data"].get("n_train_per_class", 50), cfg["seed"], self.name)
+        return Built(kept, list(drops) + ddrops + sdrops, {"records": train, "note": note, "drops": []})
+
+def _bench(name, loader, folder, file="", analyses=(), **kwargs):
+    return DATASETS.register(BenchmarkDataset(name=name, loader=loader, folder=folder, file=file or folder,
+                                              analyses=tuple(analyses), kwargs=kwargs))
 
 # %% ../nbs/00_data.ipynb #d6e45f22
-DATASETS = Registry("dataset", {
-    "lee_news": "stealth_eval.data:build_lee_news",
-    "lee_news_kgw": "stealth_eval.data:build_lee_news_kgw",                              # the same, AI texts watermarked (KGW)
-    "padben": benchmark_builder("stealth_eval.benchmarks:load_padben", "padben"),          # tasks 2 (m0) and 5 (m0:paraphrase:...)
-    "apt_eval": benchmark_builder("stealth_eval.benchmarks:load_apt_eval", "apt_eval"),    # originals, polished (human), 300 MGT
-    "detectrl": benchmark_builder("stealth_eval.benchmarks:load_detectrl", "detectrl"),    # multi-domain + paraphrase-attack files
-    "mgtbench": benchmark_builder("stealth_eval.benchmarks:load_mgtbench", "mgtbench"),    # SQuAD1 and TruthfulQA (ChatGPT)
-    "mage": benchmark_builder("stealth_eval.benchmarks_hub:load_mage", "mage", file="mage_eval",  # spec §3.1: 1000 + 1000
-                              n_per_class=lambda c: c["data"].get("benchmark_n_per_class") or 1000, seed=lambda c: c["seed"]),
-    "raid_slice": benchmark_builder("stealth_eval.benchmarks_hub:load_raid_slice", "raid",          # spec §3.2: 200 + 200
-                                    n_per_class=lambda c: min(c["data"].get("benchmark_n_per_class") or 200, 200), seed=lambda c: c["seed"]),
-    "beemo": benchmark_builder("stealth_eval.benchmarks_hub:load_beemo", "beemo"),        # human, machine, expert/LLM edits
-    "adversarial_paraphrasing": benchmark_builder(                                         # repo-run M3 outputs on MAGE
-        "stealth_eval.benchmarks_hub:load_adversarial_paraphrasing", "adversarial_paraphrasing"),
-})
+DATASETS.register(FunctionDataset(name="lee_news", fn=build_lee_news,
+                                  description="Lee corpus (gensim) human news and generator continuations"))
+DATASETS.register(FunctionDataset(name="lee_news_kgw", fn=build_lee_news_kgw,    # the same, AI texts watermarked (KGW)
+                                  description="lee_news with KGW-watermarked AI texts"))
+_bench("padben", "stealth_eval.benchmarks:load_padben", "padben", analyses=("padben",))   # tasks 2 (m0) and 5 (m0:paraphrase:...)
+_bench("apt_eval", "stealth_eval.benchmarks:load_apt_eval", "apt_eval", analyses=("apt",))  # originals, polished (human), 300 MGT
+_bench("detectrl", "stealth_eval.benchmarks:load_detectrl", "detectrl")                     # multi-domain + paraphrase-attack files
+_bench("mgtbench", "stealth_eval.benchmarks:load_mgtbench", "mgtbench")                     # SQuAD1 and TruthfulQA (ChatGPT)
+_bench("mage", "stealth_eval.benchmarks_hub:load_mage", "mage", file="mage_eval",           # spec §3.1: 1000 + 1000
+       n_per_class=lambda c: c["data"].get("benchmark_n_per_class") or 1000, seed=lambda c: c["seed"])
+_bench("raid_slice", "stealth_eval.benchmarks_hub:load_raid_slice", "raid",                 # spec §3.2: 200 + 200
+       n_per_class=lambda c: min(c["data"].get("benchmark_n_per_class") or 200, 200), seed=lambda c: c["seed"])
+_bench("beemo", "stealth_eval.benchmarks_hub:load_beemo", "beemo", analyses=("beemo",))    # human, machine, expert/LLM edits
+_bench("adversarial_paraphrasing", "stealth_eval.benchmarks_hub:load_adversarial_paraphrasing",  # repo-run M3 outputs on MAGE
+       "adversarial_paraphrasing")
 
 def dataset_path(out_dir, name: str) -> Path:
     "data/<file>.jsonl of a dataset (MAGE is saved as mage_eval.jsonl, as the spec names it)."
-    b = DATASETS.entries.get(name)
-    return Path(out_dir) / "data" / f"{getattr(b, 'file', None) or name}.jsonl"
+    d = DATASETS.get(name) if name in DATASETS else None
+    return Path(out_dir) / "data" / f"{(d.file if d else '') or name}.jsonl"
 
 def _write_train_split(cfg: dict, name: str, train: dict | None) -> dict:
     "Write (or remove) data/<name>.train.jsonl; return the card's `train_split` entry: counts, or why there is none."
@@ -418,10 +421,8 @@ def run_data_stage(cfg: dict, cache: Cache | None = None):
                 df = check_usable(load_dataset_file(spec["path"], cfg["validity"]["min_words"]), spec["path"])
                 drops, source = [], spec["path"]
             else:
-                builder = DATASETS.get(name)
-                out = builder(cfg, cache, name) if hasattr(builder, "folder") else builder(cfg, cache)
-                records, drops = out[0], out[1]
-                train = out[2] if len(out) > 2 else None   # a builder may return its training split as a third item
+                built = DATASETS.get(name).build(cfg, cache)
+                records, drops, train = built.records, built.drops, built.train
                 df = check_usable(validate_records(pd.DataFrame(records), f"dataset {name}", cfg["validity"]["min_words"]),
                                   f"dataset {name}")
                 source = f"builder {name} (profile {cfg['profile']})"

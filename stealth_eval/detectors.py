@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .core import (Cache, ComponentUnavailable, Registry, get_logger, progress, read_jsonl, run_cache,
-                               sha256_text, write_json)
+from .components import DETECTORS, Detector
+from .core import Cache, ComponentUnavailable, get_logger, progress, read_jsonl, run_cache, sha256_text, write_json
 
 # %% auto #0
-__all__ = ['PANEL_VERSION', 'DETECTORS', 'panel_batch', 'binoculars_batch', 'panel_from_logits', 'panel_stats',
-           'binoculars_from_logits', 'panel_reference', 'binoculars_reference', 'PanelDetector', 'BinocularsPair',
-           'score_texts', 'score_texts_windows', 'score_binoculars_pair', 'run_detectors_stage']
+__all__ = ['PANEL_VERSION', 'panel_batch', 'binoculars_batch', 'panel_from_logits', 'panel_stats', 'binoculars_from_logits',
+           'panel_reference', 'binoculars_reference', 'PanelDetector', 'BinocularsPair', 'score_texts',
+           'score_texts_windows', 'score_binoculars_pair', 'run_detectors_stage']
 
 # %% ../nbs/20_detectors.ipynb #3813068a
 PANEL_VERSION = "panel-v6"  # bump whenever the computation changes: it is part of every cache key
@@ -197,37 +197,29 @@ def _window(w, model_spec: str, cfg: dict) -> int:
     if w == "model": return model_max_tokens(model_spec, trust_remote_code=cfg.get("trust_remote_code", False))
     return int(w)
 
-@dataclass(frozen=True)
-class PanelDetector:
-    name: str
-    family: str
-    stat: str          # key in the panel statistics
-    direction: int     # +1: higher raw = more AI; -1: lower raw = more AI
-    reference: str
+@dataclass(frozen=True, kw_only=True)
+class PanelDetector(Detector):
+    "A statistic of the likelihood panel: one forward pass of the scoring LM serves every panel detector."
     window: object = "profile"   # its reference's token window: "profile", "model" or a number (`score_windows` overrides)
-
-    def raw(self, stats: dict | None) -> float:
-        return float("nan") if stats is None else float(stats[self.stat])
 
     def window_of(self, cfg: dict) -> int:
         return _window((cfg.get("score_windows") or {}).get(self.name, self.window), cfg["scoring_model"], cfg)
-    def unavailable(self, cfg: dict) -> str: return ""          # why it cannot run here ("" = it can)
     def source(self, cfg: dict) -> tuple: return ("lm_panel", cfg["scoring_model"], self.window_of(cfg))
     def model(self, cfg: dict) -> str: return _identity_of(cfg["scoring_model"], cfg)
     def compute(self, texts: list, cfg: dict, cache) -> dict:
         return score_texts(texts, cfg["scoring_model"], cfg, cache, max_tokens=self.window_of(cfg))
 
-@dataclass(frozen=True)
-class BinocularsPair:
+@dataclass(frozen=True, kw_only=True)
+class BinocularsPair(Detector):
     "Binoculars with a real observer/performer pair that share a tokenizer (config `binoculars_observer/_performer`)."
     name: str = "binoculars"
     family: str = "zero-shot ratio"
     stat: str = "binoculars"
     direction: int = -1
+    label: str = "Bino"
     reference: str = "Hans et al. 2024 (observer falcon-7b, performer falcon-7b-instruct; 512-token window)"
     window: object = 512
 
-    def raw(self, stats): return float("nan") if stats is None else float(stats[self.stat])
     def window_of(self, cfg: dict) -> int:
         return _window((cfg.get("score_windows") or {}).get(self.name, self.window), cfg["binoculars_performer"], cfg)
     def unavailable(self, cfg: dict) -> str:
@@ -247,33 +239,26 @@ class BinocularsPair:
 # Token windows follow each reference: Binoculars observes at most 512 tokens (its `max_token_observed`), the
 # Fast-DetectGPT reference scores the whole text (up to the model's limit), the DetectGPT-family baselines the run's
 # `score_max_tokens`. Texts shorter than both windows share one cached forward pass.
-DETECTORS = Registry("detector", {
-    "log_likelihood": PanelDetector("log_likelihood", "likelihood", "ll", +1, "Gehrmann et al. 2019; Mitchell et al. 2023"),
-    "rank": PanelDetector("rank", "likelihood", "rank", -1, "Mitchell et al. 2023 (DetectGPT baselines, mean 1-based rank)"),
-    "log_rank": PanelDetector("log_rank", "likelihood", "logrank", -1, "Mitchell et al. 2023 (DetectGPT baselines)"),
-    "entropy": PanelDetector("entropy", "likelihood", "entropy", +1,
-                             "Mitchell et al. 2023 / Su et al. 2023 reference code (criterion = +mean entropy)"),
-    "lrr": PanelDetector("lrr", "likelihood", "lrr", +1, "Su et al. 2023 (DetectLLM), log-likelihood log-rank ratio"),
-    "fast_detectgpt": PanelDetector("fast_detectgpt", "curvature", "fdg", +1,
-                                    "Bao et al. 2024, analytic criterion (no truncation: the model's limit)", "model"),
-    "binoculars_single": PanelDetector("binoculars_single", "zero-shot ratio", "binoculars_single", -1,
-                                       "Hans et al. 2024, one model as observer and performer (not the paper's pair)", 512),
-    "binoculars": BinocularsPair(),
-    # perturbation family (stealth_eval.perturbation, nbs/21_perturbation): T5 span filling as in the papers, and
-    # the offline variant whose spans are filled by a causal LM (named as such)
-    "detectgpt": "stealth_eval.perturbation:DETECTGPT",
-    "detectgpt_d": "stealth_eval.perturbation:DETECTGPT_D",
-    "npr": "stealth_eval.perturbation:NPR",
-    "proxihuman": "stealth_eval.perturbation:PROXIHUMAN",
-    "detectgpt_lminfill": "stealth_eval.perturbation:DETECTGPT_LMINFILL",
-    "detectgpt_d_lminfill": "stealth_eval.perturbation:DETECTGPT_D_LMINFILL",
-    "npr_lminfill": "stealth_eval.perturbation:NPR_LMINFILL",
-    "proxihuman_lminfill": "stealth_eval.perturbation:PROXIHUMAN_LMINFILL",
-    # supervised and watermark families (stealth_eval.supervised, nbs/22_supervised_watermark)
-    "roberta_openai": "stealth_eval.supervised:ROBERTA_OPENAI",
-    "classifier_offline": "stealth_eval.supervised:CLASSIFIER_OFFLINE",
-    "kgw_watermark": "stealth_eval.supervised:KGW_WATERMARK",
-})
+for _d in [
+    PanelDetector(name="log_likelihood", family="likelihood", stat="ll", direction=+1, label="LL",
+                  reference="Gehrmann et al. 2019; Mitchell et al. 2023"),
+    PanelDetector(name="rank", family="likelihood", stat="rank", direction=-1,
+                  reference="Mitchell et al. 2023 (DetectGPT baselines, mean 1-based rank)"),
+    PanelDetector(name="log_rank", family="likelihood", stat="logrank", direction=-1, label="LogRank",
+                  reference="Mitchell et al. 2023 (DetectGPT baselines)"),
+    PanelDetector(name="entropy", family="likelihood", stat="entropy", direction=+1,
+                  reference="Mitchell et al. 2023 / Su et al. 2023 reference code (criterion = +mean entropy)"),
+    PanelDetector(name="lrr", family="likelihood", stat="lrr", direction=+1,
+                  reference="Su et al. 2023 (DetectLLM), log-likelihood log-rank ratio"),
+    PanelDetector(name="fast_detectgpt", family="curvature", stat="fdg", direction=+1, label="FDG", window="model",
+                  reference="Bao et al. 2024, analytic criterion (no truncation: the model's limit)"),
+    PanelDetector(name="binoculars_single", family="zero-shot ratio", stat="binoculars_single", direction=-1,
+                  label="Bino-1", window=512,
+                  reference="Hans et al. 2024, one model as observer and performer (not the paper's pair)"),
+]: DETECTORS.register(_d)
+DETECTORS.register(BinocularsPair())
+# the perturbation family (stealth_eval.perturbation, nbs/21_perturbation) and the supervised and watermark families
+# (stealth_eval.supervised, nbs/22_supervised_watermark) register themselves where they are defined
 
 # %% ../nbs/20_detectors.ipynb #743269ce
 def score_texts(texts: list, model_spec: str, cfg: dict, cache: Cache, max_tokens: int | None = None) -> dict:
@@ -385,22 +370,21 @@ def run_detectors_stage(cfg: dict, cache: Cache | None = None):
     dets = [d for d in dets if d.source(cfg) not in failed]
     _merge_skipped(Path(cfg["out_dir"]) / "skipped.json", skipped)   # reported in the tables, never replaced
     models = {det.name: det.model(cfg) for det in dets}
-    windows = {det.name: (det.window_of(cfg) if hasattr(det, "window_of") else None) for det in dets}  # tokens scored
+    windows = {det.name: det.window_of(cfg) for det in dets}  # tokens scored (None: not a token window)
     rows = []
     for r in outs.to_dict(orient="records"):
         for det in dets:
             st = stats[det.source(cfg)].get(sha256_text(r["text_out"])) if r["valid"] else None
-            reason = r["fail_reason"] if not r["valid"] else ("" if st is not None else
-                                                              getattr(det, "none_reason", "fewer than 2 tokens to score"))
+            reason = r["fail_reason"] if not r["valid"] else ("" if st is not None else det.none_reason)
             raw = det.raw(st)
             rows.append({
                 "sample_id": r["sample_id"], "dataset": r["dataset"], "label": r["label"], "domain": r["domain"],
                 "generator": r["generator"], "method": r["method"], "setting": r["setting"], "defense": r["defense"],
                 "condition": r["condition"], "candidate_rank": r["candidate_rank"], "text_out": r["text_out"],
-                "len_tokens_out": np.nan if st is None else st["n_tokens_input"],
+                "len_tokens_out": np.nan if st is None else st.get("n_tokens_input", np.nan),
                 "detector_name": det.name, "detector_family": det.family, "detector_model": models[det.name],
                 "detector_direction": det.direction, "detector_score_raw": raw,
-                "detector_score_ai": det.direction * raw, "truncated": bool(st and st["truncated"]),
+                "detector_score_ai": det.direction * raw, "truncated": bool(st and st.get("truncated")),
                 "score_window": windows[det.name],
                 "valid": st is not None, "fail_reason": reason,
             })

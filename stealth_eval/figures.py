@@ -10,15 +10,16 @@ from pathlib import Path
 
 import numpy as np
 
+from .components import DATASETS, DETECTORS, METHODS, dataset_analyses
 from .core import atomic_write_text, read_json, write_json
 
 # %% auto #0
-__all__ = ['ABBREV', 'SHIELD_KNOBS', 'split_condition', 'parse_setting', 'format_setting', 'condition_key', 'short_label',
-           'ai_conditions', 'knob_series', 'sim_median', 'method_color', 'heatmap_data', 'plot_heatmap', 'pareto_front',
-           'tradeoff_data', 'plot_tradeoff', 'budget_sweep_data', 'plot_budget_sweep', 'roc_curve', 'strongest_attack',
-           'roc_data', 'plot_roc', 'shield_data', 'plot_shield', 'detector_models', 'main_table', 'transfer_data',
-           'transfer_table', 'sanitize_rows', 'sanitize_table', 'plot_sanitize', 'mark_non_ascii', 'spread_conditions',
-           'qual_examples', 'run_figures_stage']
+__all__ = ['ABBREV', 'SHIELD_KNOBS', 'split_condition', 'parse_setting', 'format_setting', 'display_name', 'condition_key',
+           'short_label', 'ai_conditions', 'knob_series', 'sim_median', 'method_color', 'heatmap_data', 'plot_heatmap',
+           'pareto_front', 'tradeoff_data', 'plot_tradeoff', 'budget_sweep_data', 'plot_budget_sweep', 'roc_curve',
+           'strongest_attack', 'roc_data', 'plot_roc', 'shield_data', 'plot_shield', 'detector_models', 'main_table',
+           'transfer_data', 'transfer_table', 'sanitize_rows', 'sanitize_table', 'plot_sanitize', 'mark_non_ascii',
+           'spread_conditions', 'qual_examples', 'run_figures_stage']
 
 # %% ../nbs/40_figures.ipynb #623d8554
 def split_condition(c: str) -> tuple:
@@ -46,8 +47,11 @@ def format_setting(s: dict) -> str:
     return ",".join(k if v is None else f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in s.items())
 
 # %% ../nbs/40_figures.ipynb #bd44c77d
-ABBREV = {"fast_detectgpt": "FDG", "roberta_openai": "RoBERTa", "binoculars_single": "Bino-1", "binoculars": "Bino",
-          "log_likelihood": "LL", "log_rank": "LogRank", "ensemble": "ens", "causal_lm": "LM", "classifier_offline": "clf"}
+ABBREV = {"ensemble": "ens", "causal_lm": "LM"}   # setting values that are not components (a detector shows its `label`)
+
+def display_name(v: str) -> str:
+    "How a setting value shows in a label: a detector's display label, an abbreviation, or the value itself."
+    return DETECTORS.get(v).display if v in DETECTORS else ABBREV.get(v, v)
 _HIDDEN_KEYS = {"strategy", "polish"}          # their value names itself: `random`, `degree`
 _SHORT_KEYS = {"guide": "g"}
 
@@ -66,8 +70,8 @@ def short_label(c: str) -> str:
     for k, v in parse_setting(setting).items():
         if v is None: lab += f" {k}"
         elif k == "homoglyph_p": lab += f" p={100 * v:g}%"
-        elif k in _HIDDEN_KEYS: lab += f" {ABBREV.get(v, v)}"
-        else: lab += f" {_SHORT_KEYS.get(k, k)}={ABBREV.get(v, v) if isinstance(v, str) else f'{v:g}'}"
+        elif k in _HIDDEN_KEYS: lab += f" {display_name(v)}"
+        else: lab += f" {_SHORT_KEYS.get(k, k)}={display_name(v) if isinstance(v, str) else f'{v:g}'}"
     return lab + (" +san" if defense == "sanitize" else f" +{defense}" if defense else "")
 
 # %% ../nbs/40_figures.ipynb #aaf34340
@@ -95,9 +99,9 @@ def sim_median(quality: dict, ds: str, c: str) -> float:
     return _f(q.get("sim_median", q.get("sim_e5_median")))
 
 # %% ../nbs/40_figures.ipynb #f897d82a
-_METHOD_COLORS = {"m0": "black", "m1": "C0", "m2": "C1", "m3": "C2", "m4": "C3", "m5": "C4", "shield": "C5", "polish": "C6"}
-
-def method_color(method: str) -> str: return _METHOD_COLORS.get(method, "C7")
+def method_color(method: str) -> str:
+    "A method's colour (its `color`; grey for an imported method that is not registered)."
+    return METHODS.get(method).color if method in METHODS else "C7"
 
 def _plt():
     import matplotlib
@@ -570,7 +574,7 @@ def run_figures_stage(cfg: dict) -> list:
     tt = transfer_table(metrics)
     if tt: written.append(atomic_write_text(tab / "table_transfer.md", tt))
     else: notes["tables/table_transfer.md"] = "no M3 condition with a guide=... setting (guidance vs deploy needs M3 guided selection)"
-    padben = [ds for ds in sorted(metrics) if ds.startswith("padben")]
+    padben = [ds for ds in sorted(metrics) if "padben" in dataset_analyses(ds)]
     if padben:   # PADBen results are kept apart from the main benchmark tables (spec §3.3)
         written.append(atomic_write_text(tab / "table_padben.md", "\n".join(
             main_table(metrics, thresholds, ds, skipped=skipped.get("detectors"), skipped_methods=skipped.get("methods"),

@@ -11,6 +11,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from .components import METHODS, FunctionMethod
 from .core import (ComponentUnavailable, StealthEvalError, get_logger, read_jsonl, run_cache, sha256_text,
                                stable_hash, write_json)
 from .models import row_seed
@@ -481,7 +482,8 @@ def method_shield(items: list, cfg: dict, cache=None) -> list:
                                     "candidates": [{"text": t, "facts": f}]})
     return outs
 
-method_shield.batched = True
+METHODS.register(FunctionMethod(name="shield", fn=method_shield, color="C5", needs_train_split=True,
+                                 reference="SHIELD humanification strategies (word swaps)"))
 
 # %% ../nbs/12_humanify.ipynb #3cfb91c6
 POLISH_SYSTEM = ("You are a helpful chatbot who always responds with helpful information. You are asked to provide a "
@@ -535,7 +537,7 @@ def polish_filter(sims: list, min_similarity: float = 0.85) -> list:
 
 def method_polish(items: list, cfg: dict, cache=None) -> list:
     "APT-Eval polishing of human texts, one output per degree and percentage in `cfg['polish']` (batched method)."
-    from stealth_eval.metrics import similarities
+    from stealth_eval.models import similarities
     from stealth_eval.models import chat_generate, lm_identity
     cache = cache or run_cache(cfg)
     pcfg, seed = polish_config(cfg), cfg.get("seed", 0)
@@ -564,5 +566,5 @@ def method_polish(items: list, cfg: dict, cache=None) -> list:
         outs[i].append({"setting": f"polish={kind},level={lv}", "candidates": [{"text": t, "facts": facts}]})
     return outs
 
-method_polish.batched = True
-method_polish.applies_to = "human"
+METHODS.register(FunctionMethod(name="polish", fn=method_polish, color="C6", applies_to="human", model_keys=("paraphraser",),
+                                 reference="APT-Eval AI polishing of human texts (they stay labelled human)"))

@@ -10,18 +10,21 @@ import unicodedata
 from functools import lru_cache
 from pathlib import Path
 
-from .core import Cache, Registry, get_logger, progress, read_json, read_jsonl, record_skipped, write_json, write_jsonl
+from .components import METHODS, FunctionMethod
+from .core import Cache, get_logger, progress, read_json, read_jsonl, record_skipped, write_json, write_jsonl
 from .data import load_run_dataset, text_validity
 from .models import row_seed
 
 # %% auto #0
-__all__ = ['METHODS', 'method_m0', 'confusable_inverse', 'homoglyph_table', 'homoglyph_attack', 'method_m5', 'sanitize',
-           'condition_name', 'run_methods_stage', 'methods_summary']
+__all__ = ['method_m0', 'confusable_inverse', 'homoglyph_table', 'homoglyph_attack', 'method_m5', 'sanitize', 'condition_name',
+           'run_methods_stage', 'methods_summary']
 
 # %% ../nbs/10_methods.ipynb #128b1389
 def method_m0(item: dict, cfg: dict) -> list:
     "M0, no attack: the original AI text."
     return [{"setting": "", "candidates": [{"text": item["text"], "facts": {}}]}]
+
+METHODS.register(FunctionMethod(name="m0", fn=method_m0, batched=False, color="black", reference="no attack"))
 
 # %% ../nbs/10_methods.ipynb #a5e3a4cf
 @lru_cache(maxsize=1)
@@ -76,6 +79,9 @@ def method_m5(item: dict, cfg: dict) -> list:
         out.append({"setting": f"homoglyph_p={p:g}", "candidates": [{"text": t, "facts": facts}]})
     return out
 
+METHODS.register(FunctionMethod(name="m5", fn=method_m5, batched=False, color="C4",
+                                reference="homoglyph substitution (Unicode confusables)"))
+
 # %% ../nbs/10_methods.ipynb #74694266
 def sanitize(text: str) -> str:
     "NFKC, drop format (Cf) characters, map single-ASCII confusables back to ASCII."
@@ -85,16 +91,8 @@ def sanitize(text: str) -> str:
     return "".join(inv.get(ch, ch) for ch in t if unicodedata.category(ch) != "Cf")
 
 # %% ../nbs/10_methods.ipynb #c2193d07
-METHODS = Registry("method", {
-    "m0": "stealth_eval.methods:method_m0",
-    "m1": "stealth_eval.paraphrase:method_m1",        # plain paraphrase (instruct LM, chat template)
-    "m2": "stealth_eval.paraphrase:method_m2",        # StealthRL: the same path with a LoRA adapter (skipped without one)
-    "m3": "stealth_eval.paraphrase:method_m3",        # Adversarial Paraphrasing: detector-guided selection / decoding
-    "m4": "stealth_eval.paraphrase:method_m4",        # AuthorMist (skipped when unreachable)
-    "m5": "stealth_eval.methods:method_m5",
-    "shield": "stealth_eval.humanify:method_shield",  # SHIELD humanification strategies
-    "polish": "stealth_eval.humanify:method_polish",  # APT-Eval AI polishing of human texts (stay labelled human)
-})
+# The methods register themselves where they are defined: m0 and m5 above, m1-m4 in stealth_eval.paraphrase
+# (nbs/11_paraphrase), shield and polish in stealth_eval.humanify (nbs/12_humanify).
 
 def condition_name(method: str, setting: str, defense: str = "none") -> str:
     "The key of a (method, setting, defense) in metrics and tables: `m5:homoglyph_p=0.01+sanitize`."
@@ -151,9 +149,9 @@ def run_methods_stage(cfg: dict, cache: Cache | None = None):
                          "sample_id": r.get("source_id") or r["id"]})
         for m in cfg["methods"]:
             if m in skipped: continue
-            fn = METHODS.get(m)
+            meth = METHODS.get(m)
             defenses = ("none", "sanitize") if m in cfg["sanitize"] else ("none",)
-            on_human = getattr(fn, "applies_to", "ai") == "human"
+            on_human = meth.applies_to == "human"
             if m == "m0" and not on_human:
                 # Invalid inputs are not attacked: recorded once, as M0 (other methods count them as missing outputs).
                 # Texts a benchmark already edited (a paraphrase attack, an expert edit) are evaluated as they are,
@@ -166,12 +164,7 @@ def run_methods_stage(cfg: dict, cache: Cache | None = None):
             targets = [r for r in (humans if on_human else ai) if r["valid"] and not edit_of(r)]
             if not targets: continue
             try:
-                if getattr(fn, "batched", False):
-                    per_item = fn([{**r, "dataset": spec["name"]} for r in targets], cfg, cache)
-                    if len(per_item) != len(targets):
-                        raise ValueError(f"method {m} returned {len(per_item)} results for {len(targets)} texts")
-                else:
-                    per_item = [fn(r, cfg) for r in progress(targets, desc=f"{spec['name']}: {m}")]
+                per_item = meth.apply([{**r, "dataset": spec["name"]} for r in targets], cfg, cache)
             except ComponentUnavailable as e:
                 skipped[m] = str(e)
                 record_skipped(cfg, m, str(e))

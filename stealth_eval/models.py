@@ -20,7 +20,7 @@ from .core import StealthEvalError, atomic_write_text, file_sha256, get_logger, 
 __all__ = ['EMBEDDED_LMS', 'ENCODE_VERSION', 'SAMPLER_VERSION', 'CHAT_VERSION', 'convert_gguf', 'LoadedLM', 'offline_mode',
            'available_offline', 'resolve_device', 'lm_identity', 'load_causal_lm', 'load_tokenizer', 'model_max_tokens',
            'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches', 'default_token_budget', 'scoring_budget',
-           'pad_batch', 'Embedder', 'embedder_identity', 'load_embedder', 'row_seed', 'counter_uniform',
+           'pad_batch', 'Embedder', 'embedder_identity', 'load_embedder', 'similarities', 'row_seed', 'counter_uniform',
            'seeded_sample', 'SeededSampler', 'sample_continuations', 'chat_prompt_ids', 'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
@@ -361,6 +361,28 @@ def load_embedder(spec: str = "all-minilm-l6-v2", device: str = "auto", batch_to
     p = Path(spec).expanduser()
     identity = (f"{p.name}@local:{_local_identity(p)}" if p.is_dir() else f"{spec}@{getattr(model.config, '_commit_hash', None)}") + f"/{ENCODE_VERSION}"
     return Embedder(spec, identity, _mean_pool_encoder(model, tok, device, "query: ", 512, _embed_budget(device, batch_tokens)))
+
+def similarities(pairs: list, embedder_spec: str, cfg: dict, cache: Cache) -> list:
+    "Cosine similarity for (source, output) pairs, cached by (embedder, both texts)."
+    import numpy as np
+    out, todo = [None] * len(pairs), []
+    for i, (s, o) in enumerate(pairs):
+        if s == o: out[i] = 1.0; continue
+        todo.append(i)
+    if todo:
+        ident = embedder_identity(embedder_spec, cfg["device"])
+        miss = []
+        for i in todo:
+            k = cache.key("similarity", model=ident, a=sha256_text(pairs[i][0]), b=sha256_text(pairs[i][1]))
+            v = cache.get(k)
+            if v is None: miss.append((i, k))
+            else: out[i] = v
+        if miss:   # the embedder is loaded only when something is missing from the cache
+            emb = load_embedder(embedder_spec, device=cfg["device"], batch_tokens=cfg.get("embed_batch_tokens", "auto"))
+            texts = sorted({t for i, _ in miss for t in pairs[i]})
+            E = dict(zip(texts, emb.encode(texts)))
+            for i, k in miss: out[i] = cache.put(k, float(np.dot(E[pairs[i][0]], E[pairs[i][1]])))
+    return out
 
 # %% ../nbs/02_models.ipynb #496eeaea
 def row_seed(*parts) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from .components import METHODS, FunctionMethod
 from .core import (Cache, ComponentUnavailable, StealthEvalError, get_logger, progress, read_jsonl, record_skipped,
                    sha256_text, stable_hash)
 from .data import text_validity
@@ -308,7 +309,7 @@ def _validity(texts: list, source: str, cfg: dict) -> list:
 
 def pool_similarities(items: list, pools: list, cfg: dict, cache) -> list:
     "Cosine similarity of every candidate to its source (cached by `metrics.similarities`)."
-    from stealth_eval.metrics import similarities
+    from stealth_eval.models import similarities
     pairs = [(it["text"], c["text"] if c["text"].strip() else " ") for it, p in zip(items, pools) for c in p]
     flat = similarities(pairs, cfg["embedder"], cfg, cache) if pairs else []
     out, k = [], 0
@@ -331,7 +332,8 @@ def sample_and_select(items: list, cfg: dict, cache, target, pool: str, **gen) -
 def method_m1(items: list, cfg: dict, cache) -> list:
     "M1 simple paraphrase: the instruct LM with StealthRL's prompt, best-of-N by similarity."
     return sample_and_select(items, cfg, cache, paraphraser_of(cfg), pool="m1")
-method_m1.batched = True
+METHODS.register(FunctionMethod(name="m1", fn=method_m1, color="C0", model_keys=("paraphraser",),
+                                 reference="plain paraphrase (the instruct LM with StealthRL's prompt), best-of-N by similarity"))
 
 def method_m2(items: list, cfg: dict, cache) -> list:
     "M2 StealthRL: the same path with the LoRA adapter `cfg['stealthrl_adapter']` (skipped without one)."
@@ -339,7 +341,8 @@ def method_m2(items: list, cfg: dict, cache) -> list:
     if not adapter: raise ComponentUnavailable("no StealthRL adapter given: --set stealthrl_adapter=PATH")
     spec = adapter_spec(paraphraser_of(cfg), str(adapter), cfg.get("device", "auto"))
     return sample_and_select(items, cfg, cache, spec, pool="m2")
-method_m2.batched = True
+METHODS.register(FunctionMethod(name="m2", fn=method_m2, color="C1", model_keys=("paraphraser",),
+                                 reference="StealthRL: the paraphraser with its LoRA adapter"))
 
 AUTHORMIST_MODEL = "authormist/authormist-originality"
 
@@ -355,7 +358,7 @@ def method_m4(items: list, cfg: dict, cache) -> list:
         raise ComponentUnavailable(f"AuthorMist model {spec!r} cannot be loaded: {e}") from None
     return sample_and_select(items, cfg, cache, lm, pool="m4", prompt=AUTHORMIST_PROMPT,
                              temperature=cfg.get("authormist_temperature", 0.7), top_p=cfg.get("authormist_top_p", 0.9))
-method_m4.batched = True
+METHODS.register(FunctionMethod(name="m4", fn=method_m4, color="C3", reference="AuthorMist (published model, its card's prompt)"))
 
 # %% ../nbs/11_paraphrase.ipynb #220a9d12
 def rank_scale(values: list) -> list:
@@ -389,7 +392,7 @@ def select_ensemble(valid: list, sims: list, member_scores: list, min_sim: float
 # %% ../nbs/11_paraphrase.ipynb #9c154b67
 def guide_detectors(cfg: dict) -> tuple:
     "Detector guides that can run {name: detector}, those that cannot {name: reason}, the guidance rules, the ensemble members."
-    from stealth_eval.detectors import DETECTORS
+    from stealth_eval.components import DETECTORS
     guides = cfg.get("m3_guides", ["roberta_openai", "fast_detectgpt", "ensemble"])
     members = cfg.get("m3_ensemble") or [g for g in guides if g != "ensemble"]
     need = list(dict.fromkeys([g for g in guides if g != "ensemble"] + (members if "ensemble" in guides else [])))
@@ -454,7 +457,8 @@ def method_m3(items: list, cfg: dict, cache) -> list:
             tg = token_guided_paraphrase(items, cfg, cache, g)
             for o, t in zip(out, tg): o.append({"setting": f"decode=token_guided,guide={g}", "candidates": [t]})
     return out
-method_m3.batched = True
+METHODS.register(FunctionMethod(name="m3", fn=method_m3, color="C2", model_keys=("paraphraser",),
+                                 reference="Adversarial Paraphrasing: detector-guided selection (and decoding)"))
 
 # %% ../nbs/11_paraphrase.ipynb #b8ecfe48
 _TAGS = re.compile(r"</?TAG>")
@@ -510,7 +514,7 @@ def _quiet_progress():
 
 def token_guided_paraphrase(items: list, cfg: dict, cache, guide: str, score_fn=None) -> list:
     "One token-guided paraphrase per item (a candidate dict), guided by the registry detector `guide` (or `score_fn`)."
-    from stealth_eval.detectors import DETECTORS
+    from stealth_eval.components import DETECTORS
     from stealth_eval.models import chat_prompt_ids, load_causal_lm
     spec = paraphraser_of(cfg)
     T, p, k = cfg.get("m3_token_temperature", 0.6), cfg.get("m3_token_top_p", 0.9), cfg.get("m3_token_top_k", 50)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .components import DETECTORS, Detector
 from .core import Cache, ComponentUnavailable, StealthEvalError, get_logger, progress, sha256_text, stable_hash
 
 # %% auto #0
@@ -415,18 +416,11 @@ def proxihuman_scores(texts: list, mode: str, cfg: dict, cache: Cache) -> dict:
     return out
 
 # %% ../nbs/21_perturbation.ipynb #4b4ea6d2
-@dataclass(frozen=True)
-class PerturbationDetector:
-    name: str
-    family: str
-    stat: str          # key in the statistics
-    direction: int     # +1: higher raw = more AI; -1: lower raw = more AI
-    reference: str
+@dataclass(frozen=True, kw_only=True)
+class PerturbationDetector(Detector):
+    "A perturbation-family criterion: score the text and its span-filled perturbations (`filler`: t5 or lminfill)."
     filler: str        # "t5" (the papers) or "lminfill" (causal-LM infill, offline)
     none_reason: str = "no score: too short to perturb (no masked span fits) or to score, or every fill failed"
-
-    def raw(self, stats: dict | None) -> float:
-        return float("nan") if stats is None else float(stats[self.stat])
 
     def unavailable(self, cfg: dict) -> str:
         from stealth_eval.models import available_offline, offline_mode
@@ -459,14 +453,17 @@ _DGPT_D = "Mitchell et al. 2023 (DetectGPT, perturbation discrepancy, unnormalis
 _NPR = "Su et al. 2023 (DetectLLM NPR: mean perturbed log-rank / log-rank)"
 _PH = "Statistical Turing test paper (ProxiHuman: mean cosine distance to the k nearest perturbed neighbours)"
 _LM = "; spans filled left to right by a causal LM, not T5"
-DETECTGPT = PerturbationDetector("detectgpt", "curvature", "detectgpt", +1, _DGPT + "; T5 span filling", "t5")
-DETECTGPT_D = PerturbationDetector("detectgpt_d", "curvature", "detectgpt_d", +1, _DGPT_D + "; T5 span filling", "t5")
-NPR = PerturbationDetector("npr", "curvature", "npr", +1, _NPR + "; T5 span filling", "t5")
-PROXIHUMAN = PerturbationDetector("proxihuman", "embedding", "proxihuman", -1, _PH + "; T5 span filling", "t5")
-DETECTGPT_LMINFILL = PerturbationDetector("detectgpt_lminfill", "curvature", "detectgpt", +1, _DGPT + _LM, "lminfill")
-DETECTGPT_D_LMINFILL = PerturbationDetector("detectgpt_d_lminfill", "curvature", "detectgpt_d", +1, _DGPT_D + _LM, "lminfill")
-NPR_LMINFILL = PerturbationDetector("npr_lminfill", "curvature", "npr", +1, _NPR + _LM, "lminfill")
-PROXIHUMAN_LMINFILL = PerturbationDetector("proxihuman_lminfill", "embedding", "proxihuman", -1, _PH + _LM, "lminfill")
+def _pd(name, family, stat, direction, reference, filler):
+    return DETECTORS.register(PerturbationDetector(name=name, family=family, stat=stat, direction=direction,
+                                                   reference=reference, filler=filler))
+DETECTGPT = _pd("detectgpt", "curvature", "detectgpt", +1, _DGPT + "; T5 span filling", "t5")
+DETECTGPT_D = _pd("detectgpt_d", "curvature", "detectgpt_d", +1, _DGPT_D + "; T5 span filling", "t5")
+NPR = _pd("npr", "curvature", "npr", +1, _NPR + "; T5 span filling", "t5")
+PROXIHUMAN = _pd("proxihuman", "embedding", "proxihuman", -1, _PH + "; T5 span filling", "t5")
+DETECTGPT_LMINFILL = _pd("detectgpt_lminfill", "curvature", "detectgpt", +1, _DGPT + _LM, "lminfill")
+DETECTGPT_D_LMINFILL = _pd("detectgpt_d_lminfill", "curvature", "detectgpt_d", +1, _DGPT_D + _LM, "lminfill")
+NPR_LMINFILL = _pd("npr_lminfill", "curvature", "npr", +1, _NPR + _LM, "lminfill")
+PROXIHUMAN_LMINFILL = _pd("proxihuman_lminfill", "embedding", "proxihuman", -1, _PH + _LM, "lminfill")
 
 # %% ../nbs/21_perturbation.ipynb #b48886f6
 def make_tiny_t5(folder, seed: int = 0, n_sentinels: int = 20) -> Path:

@@ -21,8 +21,9 @@ from .core import StealthEvalError, atomic_write_text, read_json
 
 # %% auto #0
 __all__ = ['SITE_CSS', 'FIGURE_CAPTIONS', 'FIGURE_ORDER', 'md_to_html', 'strip_remote_scripts', 'notebook_html', 'nav_bar',
-           'page', 'with_nav', 'notebook_title', 'figure_caption', 'index_body', 'run_notebooks', 'build_site',
-           'local_targets', 'missing_resources', 'find_chromium', 'screenshot', 'explorer_data', 'explore']
+           'page', 'with_nav', 'notebook_title', 'figure_caption', 'headline', 'index_body', 'run_notebooks',
+           'build_site', 'local_targets', 'missing_resources', 'find_chromium', 'screenshot', 'explorer_data',
+           'explore']
 
 # %% ../nbs/50_report.ipynb #48edf3a5
 def md_to_html(text: str) -> str:
@@ -118,9 +119,24 @@ def _facts_table(run: Path) -> str:
             ("stages (s)", ", ".join(f"{k}: {v.get('seconds')}" for k, v in info.get("stages", {}).items()))]
     return "<table class=facts>" + "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows) + "</table>"
 
+def headline(out: Path) -> str:
+    "The lines the runner prints at the end and the index page shows: the mean over detectors per condition."
+    m = read_json(Path(out) / "metrics.json")
+    lines = []
+    if (Path(out) / "config.json").exists() and read_json(Path(out) / "config.json").get("rehearsal"):
+        from stealth_eval.rehearsal import banner
+        lines.append(banner())
+    for ds, dd in m.items():
+        lines.append(f"{ds}: mean over detectors (TPR@1%FPR, AUROC)")
+        for c, v in sorted(dd.get("mean", {}).items(), key=lambda kv: (kv[1]["defense"] != "none", kv[0])):
+            f3 = lambda x: "–" if x is None else f"{x:.3f}"   # None: undefined on a tiny sample (e.g. no CI)
+            lines.append(f"  {c:34s} TPR {f3(v['tpr1'])} [{f3(v['tpr1_ci_low'])}, {f3(v['tpr1_ci_high'])}]  AUROC {f3(v['auc'])}")
+    lines.append(f"artifacts: {out}/ (tables/, figures/, metrics.json, scores.parquet, quality.parquet, qual_examples.md; "
+                 f"executed notebooks in notebooks/)")
+    return "\n".join(lines)
+
 def index_body(run: Path, figures: list, tables: list) -> str:
     "The index page's HTML body: facts, headline, figures, notes, tables, configuration."
-    from stealth_eval.run import headline
     run = Path(run)
     parts = [f"<h1>stealth-eval report: {html.escape(run.name)}</h1>", _facts_table(run)]
     try: parts += ["<h2>Headline</h2>", f"<pre>{html.escape(headline(run))}</pre>"]
@@ -148,7 +164,7 @@ def index_body(run: Path, figures: list, tables: list) -> str:
 # %% ../nbs/50_report.ipynb #a0272f78
 def run_notebooks(run) -> list:
     "The executed notebooks of a run, pipeline notebooks first (in pipeline order), then any others."
-    from stealth_eval.run import PIPELINE
+    from stealth_eval.config import PIPELINE
     nbs = sorted(Path(run, "notebooks").glob("*.ipynb"))
     return sorted(nbs, key=lambda p: (PIPELINE.index(p.stem) if p.stem in PIPELINE else len(PIPELINE), p.name))
 

@@ -12,16 +12,16 @@ import sys
 import time
 from pathlib import Path
 
+from .config import PIPELINE
 from .core import (StealthEvalError, file_sha256, get_logger, git_commit, package_versions, progress,
                                project_root, read_json, write_json)
 
 # %% auto #0
-__all__ = ['PIPELINE', 'EXIT_OK', 'EXIT_INTERNAL', 'EXIT_USER', 'EXIT_INTERRUPTED', 'OFFLINE_ENV', 'DATASET_SUFFIXES',
-           'build_parser', 'check_offline', 'RunInterrupted', 'check_dataset_args', 'usable_dir', 'kernel_problem',
-           'run_pipeline', 'headline', 'readme_from_index', 'report_main', 'cache_report', 'cache_main', 'main']
+__all__ = ['EXIT_OK', 'EXIT_INTERNAL', 'EXIT_USER', 'EXIT_INTERRUPTED', 'OFFLINE_ENV', 'DATASET_SUFFIXES', 'build_parser',
+           'check_offline', 'RunInterrupted', 'check_dataset_args', 'usable_dir', 'kernel_problem', 'run_pipeline',
+           'readme_from_index', 'report_main', 'cache_report', 'cache_main', 'main']
 
 # %% ../nbs/90_run.ipynb #8de8dc29
-PIPELINE = ["00_data", "10_methods", "20_detectors", "30_calibration_metrics", "40_figures"]
 EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED = 0, 1, 2, 130   # exit status: ok, internal error, user error, Ctrl-C
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no_cache", action="store_true", help="recompute everything (neither read nor write the content cache)")
     p.add_argument("--offline", action="store_true", help="never touch the network: models must be embedded, local folders or already cached")
     p.add_argument("--trust_remote_code", action="store_true", help="allow models whose code lives in their hub repository (off by default)")
+    p.add_argument("--plugin", nargs="+", default=[], metavar="FILE.py|MODULE", dest="plugins",
+                   help="import these first: their datasets, methods and detectors register themselves and can be named")
     p.add_argument("--nbs_dir", default=None, help="folder of the pipeline notebooks (default: nbs/ of the project)")
     p.add_argument("--list", action="store_true", help="list profiles, datasets, methods and detectors, then exit")
     return p
@@ -60,8 +62,9 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_
 def check_offline(cfg: dict):
     "Fail before any stage if a model the run needs cannot load without the network."
     from stealth_eval.models import available_offline
+    from stealth_eval.components import METHODS
     need = {k: cfg[k] for k in ("generator", "scoring_model", "quality_lm", "embedder")}
-    if set(cfg["methods"]) & {"m1", "m2", "m3", "polish"}: need["paraphraser"] = cfg["paraphraser"]
+    for m in cfg["methods"]: need.update({k: cfg[k] for k in METHODS.get(m).model_keys if cfg.get(k)})
     missing = {k: v for k, v in need.items() if not available_offline(v)}
     if missing:
         raise StealthEvalError("--offline: these models are neither embedded, local folders, nor in the hub cache: "
@@ -110,7 +113,7 @@ def _stage_status(info: dict, out: Path, nb: str, status: str, t0: float, error:
 
 def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detectors=None, n_candidates=None,
                  out_dir: str = "artifacts", seed: int = 0, overrides=None, no_cache: bool = False, nbs_dir=None,
-                 offline: bool = False, trust_remote_code: bool = False, cache_dir=None) -> Path:
+                 offline: bool = False, trust_remote_code: bool = False, cache_dir=None, plugins=None) -> Path:
     "Run the five stages; return the run folder."
     import os
     import papermill as pm
@@ -122,7 +125,7 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
     if cache_dir: ov["cache_dir"] = str(cache_dir)
     from stealth_eval.data import check_usable
     check_dataset_args(datasets)
-    cfg = resolve_config(profile, datasets, methods, detectors, n_candidates, seed, out_dir, ov, no_cache)
+    cfg = resolve_config(profile, datasets, methods, detectors, n_candidates, seed, out_dir, ov, no_cache, plugins)
     if offline:
         os.environ.update(OFFLINE_ENV)   # inherited by every stage's kernel: hub clients refuse network access
         check_offline(cfg)
@@ -133,10 +136,8 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
     if cfg.get("cache_dir") and not no_cache: usable_dir(cfg["cache_dir"], "--cache_dir")
     (out / "notebooks").mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", cfg)
-    params = dict(out_dir=cfg["out_dir"], profile=profile, datasets=[d["path"] or d["name"] for d in cfg["datasets"]],
-                  methods=cfg["methods"], detectors=cfg["detectors"], n_candidates=cfg["n_candidates"], seed=cfg["seed"],
-                  overrides=ov, no_cache=bool(no_cache))
-    info = {"command": sys.argv, "parameters": params, "offline": bool(offline), "versions": package_versions(), "git": git_commit(),
+    params = {"config_path": str(out / "config.json")}   # resolved once: every stage loads this file
+    info = {"command": sys.argv, "parameters": {"profile": profile, "overrides": ov, "plugins": cfg["plugins"], **params}, "offline": bool(offline), "versions": package_versions(), "git": git_commit(),
             "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "stages": {}}
     mon = None
     if cfg.get("rehearsal"):   # random-weight stand-ins (06_rehearsal): said in large letters, memory polled per stage
@@ -181,22 +182,6 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
         finish_rehearsal(out, cfg, info)
     write_json(out / "run_info.json", info)
     return out
-
-# %% ../nbs/90_run.ipynb #402bb547
-def headline(out: Path) -> str:
-    m = read_json(Path(out) / "metrics.json")
-    lines = []
-    if (Path(out) / "config.json").exists() and read_json(Path(out) / "config.json").get("rehearsal"):
-        from stealth_eval.rehearsal import banner
-        lines.append(banner())
-    for ds, dd in m.items():
-        lines.append(f"{ds}: mean over detectors (TPR@1%FPR, AUROC)")
-        for c, v in sorted(dd.get("mean", {}).items(), key=lambda kv: (kv[1]["defense"] != "none", kv[0])):
-            f3 = lambda x: "–" if x is None else f"{x:.3f}"   # None: undefined on a tiny sample (e.g. no CI)
-            lines.append(f"  {c:34s} TPR {f3(v['tpr1'])} [{f3(v['tpr1_ci_low'])}, {f3(v['tpr1_ci_high'])}]  AUROC {f3(v['auc'])}")
-    lines.append(f"artifacts: {out}/ (tables/, figures/, metrics.json, scores.parquet, quality.parquet, qual_examples.md; "
-                 f"executed notebooks in notebooks/)")
-    return "\n".join(lines)
 
 # %% ../nbs/90_run.ipynb #057af643
 def readme_from_index(index=None) -> str:
@@ -282,19 +267,22 @@ def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
         if args.list:
+            from stealth_eval.components import load_plugins
             from stealth_eval.config import PROFILES, registries
+            load_plugins(args.plugins)
             print("profiles:", ", ".join(PROFILES))
             for kind, reg in registries().items(): print(f"{kind}s:", ", ".join(reg.names()))
             return EXIT_OK
         out = run_pipeline(args.profile, args.datasets, args.methods, args.detectors, args.n_candidates, args.out_dir,
                            args.seed, args.overrides, args.no_cache, args.nbs_dir, args.offline, args.trust_remote_code,
-                           args.cache_dir)
+                           args.cache_dir, args.plugins)
     except StealthEvalError as e:
         print(f"stealth-eval: error: {e}", file=sys.stderr)
         return EXIT_USER
     except (RunInterrupted, KeyboardInterrupt) as e:
         print(_resume_line(getattr(e, "stage", None), argv, args), file=sys.stderr)
         return EXIT_INTERRUPTED
+    from stealth_eval.report import headline
     print(headline(out))
     return EXIT_OK
 

@@ -13,50 +13,16 @@ from pathlib import Path
 
 import numpy as np
 
+from .components import DETECTORS, Detector
+from .watermark import KGW_DEFAULTS, KGWLogitsProcessor, _hf_watermark_args, watermark_params
 from .core import (Cache, StealthEvalError, get_logger, progress, sha256_text, stable_hash, write_json)
 
 # %% auto #0
-__all__ = ['KGW_DEFAULTS', 'KGW_WATERMARK', 'ROBERTA_OPENAI', 'LM_FEATURES', 'CLASSIFIER_OFFLINE', 'watermark_params',
-           'KGWLogitsProcessor', 'kgw_zscore', 'kgw_detector', 'generator_tokenizer_config', 'kgw_score_texts',
-           'KGWDetector', 'resolve_ai_label', 'classifier_config', 'classifier_identity', 'classifier_max_tokens',
-           'load_sequence_classifier', 'classify_texts', 'HFClassifier', 'make_tiny_classifier', 'embed_texts',
-           'offline_features', 'fit_logistic', 'predict_logistic', 'cv_auroc', 'training_set', 'OfflineClassifier',
-           'train_and_score_offline']
-
-# %% ../nbs/22_supervised_watermark.ipynb #aeb3c328
-KGW_DEFAULTS = {"gamma": 0.25, "delta": 2.0, "seeding_scheme": "lefthash", "key": 15485863, "context_width": 1}
-
-def watermark_params(cfg: dict) -> dict:
-    "The KGW parameters of a run: `cfg['watermark']` over the `transformers` defaults, checked."
-    given = dict(cfg.get("watermark") or {})
-    unknown = sorted(set(given) - set(KGW_DEFAULTS))
-    if unknown: raise StealthEvalError(f"watermark: unknown key(s) {unknown}; known: {', '.join(KGW_DEFAULTS)}")
-    p = {**KGW_DEFAULTS, **given}
-    if not 0 < float(p["gamma"]) < 1: raise StealthEvalError(f"watermark.gamma must be in (0, 1), got {p['gamma']}")
-    if p["seeding_scheme"] not in ("lefthash", "selfhash"):
-        raise StealthEvalError(f"watermark.seeding_scheme must be 'lefthash' or 'selfhash', got {p['seeding_scheme']!r}")
-    if int(p["context_width"]) < 1: raise StealthEvalError(f"watermark.context_width must be >= 1, got {p['context_width']}")
-    return {"gamma": float(p["gamma"]), "delta": float(p["delta"]), "seeding_scheme": p["seeding_scheme"],
-            "key": int(p["key"]), "context_width": int(p["context_width"])}
-
-def _hf_watermark_args(p: dict, bias: float | None = None) -> dict:
-    "Our parameter names -> the keyword arguments of `transformers`' watermark classes."
-    return {"greenlist_ratio": p["gamma"], "bias": p["delta"] if bias is None else bias, "hashing_key": p["key"],
-            "seeding_scheme": p["seeding_scheme"], "context_width": p["context_width"]}
-
-# %% ../nbs/22_supervised_watermark.ipynb #83f68ffc
-class KGWLogitsProcessor:
-    "The KGW bias for a sampler that divides by `temperature` afterwards (`transformers`' processor, CPU green lists)."
-    def __init__(self, params: dict,          # `watermark_params(cfg)`
-                 vocab_size: int,             # the generator's logits width (its config's vocab_size)
-                 temperature: float = 1.0):   # the sampler's temperature: δ·T here is δ after it divides by T
-        from transformers import WatermarkLogitsProcessor
-        self.params, self.vocab_size, self.temperature = params, vocab_size, temperature
-        self.proc = WatermarkLogitsProcessor(vocab_size=vocab_size, device="cpu",
-                                             **_hf_watermark_args(params, params["delta"] * temperature))
-
-    def __call__(self, input_ids, scores):
-        return self.proc(input_ids.cpu(), scores.cpu()).to(scores.device)
+__all__ = ['KGW_WATERMARK', 'ROBERTA_OPENAI', 'LM_FEATURES', 'CLASSIFIER_OFFLINE', 'kgw_zscore', 'kgw_detector',
+           'generator_tokenizer_config', 'kgw_score_texts', 'KGWDetector', 'resolve_ai_label', 'classifier_config',
+           'classifier_identity', 'classifier_max_tokens', 'load_sequence_classifier', 'classify_texts', 'HFClassifier',
+           'make_tiny_classifier', 'embed_texts', 'offline_features', 'fit_logistic', 'predict_logistic', 'cv_auroc',
+           'training_set', 'OfflineClassifier', 'train_and_score_offline']
 
 # %% ../nbs/22_supervised_watermark.ipynb #2dd4e488
 def kgw_zscore(ids: list, params: dict, model_config, detector=None) -> dict | None:
@@ -113,8 +79,8 @@ def kgw_score_texts(texts: list, cfg: dict, cache: Cache) -> dict:
             out[h] = cache.put(k, st)
     return out
 
-@dataclass(frozen=True)
-class KGWDetector:
+@dataclass(frozen=True, kw_only=True)
+class KGWDetector(Detector):
     "KGW watermark z-score (Kirchenbauer et al. 2023) with the generator's tokenizer and the run's key."
     name: str = "kgw_watermark"
     family: str = "watermark"
@@ -122,7 +88,6 @@ class KGWDetector:
     direction: int = +1
     reference: str = "Kirchenbauer et al. 2023 (KGW), z-score of transformers' WatermarkDetector"
 
-    def raw(self, stats): return float("nan") if stats is None else float(stats[self.stat])
     def unavailable(self, cfg: dict) -> str:
         from stealth_eval.models import available_offline, offline_mode
         try: watermark_params(cfg)
@@ -140,7 +105,7 @@ class KGWDetector:
                 f"kgw(gamma={p['gamma']:g},key={p['key']},{p['seeding_scheme']},width={p['context_width']})")
     def compute(self, texts: list, cfg: dict, cache) -> dict: return kgw_score_texts(texts, cfg, cache)
 
-KGW_WATERMARK = KGWDetector()
+KGW_WATERMARK = DETECTORS.register(KGWDetector())
 
 # %% ../nbs/22_supervised_watermark.ipynb #9874bd8c
 _HUMAN_NAMES = {"real", "human", "human-written", "human_written", "original", "authentic", "natural"}
@@ -240,16 +205,17 @@ def classify_texts(texts: list, spec: str, cfg: dict, cache: Cache) -> dict:
     return out
 
 # %% ../nbs/22_supervised_watermark.ipynb #ba2c1057
-@dataclass(frozen=True)
-class HFClassifier:
+@dataclass(frozen=True, kw_only=True)
+class HFClassifier(Detector):
     "A Hugging Face sequence classifier: probability of the AI label (`classifier_model`, `classifier_ai_label`)."
     name: str = "roberta_openai"
     family: str = "classifier"
     stat: str = "p_ai"
     direction: int = +1
+    label: str = "RoBERTa"
+    supervised: bool = True
     reference: str = "Solaiman et al. 2019, OpenAI GPT-2 output detector (roberta-large-openai-detector)"
 
-    def raw(self, stats): return float("nan") if stats is None else float(stats[self.stat])
     def unavailable(self, cfg: dict) -> str:
         from stealth_eval.models import available_offline, offline_mode
         spec = cfg.get("classifier_model")
@@ -268,7 +234,7 @@ class HFClassifier:
         res = classify_texts(texts, spec, cfg, cache)
         return {h: None if v is None else {**v, "p_ai": v["probs"][i]} for h, v in res.items()}
 
-ROBERTA_OPENAI = HFClassifier()
+ROBERTA_OPENAI = DETECTORS.register(HFClassifier())
 
 # %% ../nbs/22_supervised_watermark.ipynb #ffc409a3
 def make_tiny_classifier(folder, id2label: dict | None = None, max_positions: int = 34, seed: int = 0) -> Path:
@@ -389,16 +355,18 @@ def training_set(cfg: dict, exclude: set = frozenset()) -> tuple:
     keep.sort(key=lambda r: (r[1], sha256_text(r[0])))
     return [t for t, _ in keep], [int(l == "ai") for _, l in keep], counts
 
-@dataclass(frozen=True)
-class OfflineClassifier:
+@dataclass(frozen=True, kw_only=True)
+class OfflineClassifier(Detector):
     "Logistic regression on embedding + LM features, trained on the run's training split (disjoint from evaluation)."
     name: str = "classifier_offline"
     family: str = "classifier"
     stat: str = "p_ai"
     direction: int = +1
+    label: str = "clf"
+    supervised: bool = True
+    needs_train_split: bool = True
     reference: str = "supervised baseline: logistic regression on sentence embeddings and LM statistics, trained on a held-out split"
 
-    def raw(self, stats): return float("nan") if stats is None else float(stats[self.stat])
     def unavailable(self, cfg: dict) -> str:
         from stealth_eval.data import load_train_split
         from stealth_eval.models import available_offline, offline_mode
@@ -422,7 +390,7 @@ class OfflineClassifier:
         return f"logistic regression on {cfg['embedder']} + {cfg['scoring_model']} (not trained yet)"
     def compute(self, texts: list, cfg: dict, cache) -> dict: return train_and_score_offline(texts, cfg, cache)
 
-CLASSIFIER_OFFLINE = OfflineClassifier()
+CLASSIFIER_OFFLINE = DETECTORS.register(OfflineClassifier())
 
 def train_and_score_offline(texts: list, cfg: dict, cache: Cache) -> dict:
     "Fit (or fetch) the offline classifier on the training split, save it with the run, and score `texts`."

@@ -248,7 +248,7 @@ def test_polish_prompts_through_the_chat_template():
 
 def test_polish_method_levels_filter_and_attributes(env, monkeypatch):
     from transformers import AutoTokenizer
-    import stealth_eval.metrics as metrics
+    import stealth_eval.models as models
     tok = AutoTokenizer.from_pretrained(env["lm"])
     tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
     folder = env["root"] / "chat_lm"
@@ -256,9 +256,10 @@ def test_polish_method_levels_filter_and_attributes(env, monkeypatch):
         import shutil
         shutil.copytree(env["lm"], folder)
         tok.save_pretrained(folder)
-    assert method_polish.applies_to == "human" and method_polish.batched
+    from stealth_eval.components import METHODS
+    assert METHODS.get("polish").applies_to == "human" and METHODS.get("polish").batched
     sims = iter([0.97, 0.60, 0.85, 0.84])
-    monkeypatch.setattr(metrics, "similarities", lambda pairs, spec, cfg, cache: [next(sims) for _ in pairs])
+    monkeypatch.setattr(models, "similarities", lambda pairs, spec, cfg, cache: [next(sims) for _ in pairs])
     items = [{"id": "h1", "dataset": "toy", "label": "human", "text": "police said the people were there in the year"},
              {"id": "h2", "dataset": "toy", "label": "human", "text": "the minister said the news was new today"}]
     cfg = {"seed": 0, "device": "cpu", "embedder": "all-minilm-l6-v2", "paraphraser": str(folder),

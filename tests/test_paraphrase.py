@@ -264,15 +264,14 @@ def test_stage_validity_policy_skipped_methods_and_human_methods(tmp_path):
         good = " ".join(["word"] * 12)
         return [[{"setting": "N=2", "candidates": [{"text": "tiny" if it["id"] == "a0" else good, "facts": {"k": 0}},
                                                     {"text": "", "facts": {"k": 1}}]}] for it in its]
-    batched.batched = True
     def missing(its, cfg, cache): raise ComponentUnavailable("needs a GPU here")
-    missing.batched = True
     def polish(its, cfg, cache):
         return [[{"setting": "polish=degree,level=minor", "candidates": [{"text": it["text"] + " really", "facts": {}}]}] for it in its]
-    polish.batched, polish.applies_to = True, "human"
     _toy_dataset(tmp_path)
     (tmp_path / "skipped.json").write_text(json.dumps({"methods": {"old": "stale"}, "detectors": {"d": "kept"}}))
-    METHODS.entries.update(t_batched=batched, t_missing=missing, t_polish=polish)
+    from stealth_eval.components import FunctionMethod
+    for m in (FunctionMethod(name="t_batched", fn=batched), FunctionMethod(name="t_missing", fn=missing),
+              FunctionMethod(name="t_polish", fn=polish, applies_to="human")): METHODS.register(m)
     try:
         cfg = {"out_dir": str(tmp_path), "datasets": [{"name": "toy", "path": None}], "seed": 0,
                "methods": ["m0", "t_batched", "t_missing", "t_polish"], "sanitize": ["t_batched"],

@@ -1,0 +1,153 @@
+"""The shape of the package (#14): stages only look down, components honour their contracts, and a component written
+outside the package runs end to end through the command line without touching any other file."""
+import ast
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import ROOT, run_cli
+
+PKG = ROOT / "stealth_eval"
+# the pipeline's stages in order, with the modules each owns; a module may import its own stage's and earlier ones
+STAGES = [("data", {"data", "benchmarks", "benchmarks_hub"}),
+          ("methods", {"methods", "paraphrase", "humanify"}),
+          ("detectors", {"detectors", "perturbation", "supervised"}),
+          ("metrics", {"metrics"}),
+          ("figures", {"figures"}),
+          ("report", {"report"}),
+          ("run", {"run"})]
+# below every stage: they may not import any stage module
+BASE = {"core", "components", "models", "watermark"}
+
+
+def import_graph() -> dict:
+    "module -> the package's modules it imports, function-local imports included (walked with `ast`)."
+    mods = {p.stem for p in PKG.glob("*.py") if p.stem not in ("__init__", "_modidx")}
+    graph = {}
+    for m in mods:
+        deps = set()
+        for n in ast.walk(ast.parse((PKG / f"{m}.py").read_text(encoding="utf-8"))):
+            if isinstance(n, ast.ImportFrom):
+                if n.level == 1: deps |= {n.module.split(".")[0]} if n.module else {a.name for a in n.names}
+                elif n.module == "stealth_eval": deps |= {a.name for a in n.names}
+                elif n.module and n.module.startswith("stealth_eval."): deps.add(n.module.split(".")[1])
+            elif isinstance(n, ast.Import):
+                deps |= {a.name.split(".")[1] for a in n.names if a.name.startswith("stealth_eval.")}
+        graph[m] = deps & mods - {m}
+    return graph
+
+
+def cycles(graph: dict) -> list:
+    "Strongly connected components with more than one module (Tarjan)."
+    index, low, stack, on, out = {}, {}, [], set(), []
+    def visit(v):
+        index[v] = low[v] = len(index); stack.append(v); on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index: visit(w); low[v] = min(low[v], low[w])
+            elif w in on: low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop(); on.discard(w); comp.append(w)
+                if w == v: break
+            if len(comp) > 1: out.append(sorted(comp))
+    for v in sorted(graph):
+        if v not in index: visit(v)
+    return out
+
+
+def test_the_import_walk_sees_function_local_imports():
+    g = import_graph()
+    assert "report" in g["run"]          # `from stealth_eval.report import headline` inside main()
+    assert "models" in g["detectors"]    # function-local `from stealth_eval.models import ...`
+
+
+def test_no_import_circle():
+    assert cycles(import_graph()) == []
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]   # the check can fail
+
+
+def test_no_stage_imports_a_later_stage_and_the_base_imports_no_stage():
+    g = import_graph()
+    rank = {m: i for i, (_, ms) in enumerate(STAGES) for m in ms}
+    assert set(rank) | BASE <= set(g), "a module named here no longer exists: update STAGES/BASE"
+    up = [(m, d) for m in rank for d in g[m] if d in rank and rank[d] > rank[m]]
+    assert up == [], f"stage modules importing a later stage: {up}"
+    base_up = [(m, d) for m in BASE for d in g[m] if d in rank]
+    assert base_up == [], f"base modules importing a stage: {base_up}"
+
+
+def test_every_registered_component_is_an_instance_of_its_base():
+    from stealth_eval.components import DATASETS, DETECTORS, METHODS, Dataset, Detector, Method
+    for reg, base, n_min in ((DATASETS, Dataset, 10), (METHODS, Method, 8), (DETECTORS, Detector, 19)):
+        comps = reg.all()
+        assert len(comps) >= n_min
+        for name, c in comps.items():
+            assert isinstance(c, base) and c.name == name, (reg.kind, name)
+    # what used to switch on names now reads fields
+    assert DETECTORS.get("classifier_offline").needs_train_split and METHODS.get("shield").needs_train_split
+    assert {n for n, d in DETECTORS.all().items() if d.supervised} == {"roberta_openai", "classifier_offline"}
+    assert METHODS.get("polish").applies_to == "human" and "paraphraser" in METHODS.get("m1").model_keys
+    assert "padben" in DATASETS.get("padben").analyses and DATASETS.get("mage").file == "mage_eval"
+
+
+def test_importing_the_package_and_resolving_a_config_loads_no_torch():
+    import subprocess, sys
+    code = ("import sys; from stealth_eval.config import resolve_config; resolve_config('tiny', out_dir='/tmp/x'); "
+            "from stealth_eval.components import DETECTORS; DETECTORS.names(); print('torch' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.stdout.strip() == "False", p.stderr[-2000:]
+
+
+PLUGIN = '''
+"A detector written outside the package: one class and a decorator."
+from dataclasses import dataclass
+
+from stealth_eval.components import DETECTORS, Detector
+from stealth_eval.core import sha256_text
+
+
+@DETECTORS.register
+@dataclass(frozen=True, kw_only=True)
+class TypeTokenRatio(Detector):
+    name: str = "type_token_ratio"
+    family: str = "lexical"
+    direction: int = -1          # machine text repeats itself: a lower ratio means more AI
+    stat: str = "ttr"
+    label: str = "TTR"
+    reference: str = "a test plugin"
+
+    def compute(self, texts, cfg, cache):
+        out = {}
+        for t in texts:
+            w = t.lower().split()
+            out[sha256_text(t)] = {"ttr": len(set(w)) / len(w), "n_tokens_input": len(w), "truncated": False} if w else None
+        return out
+'''
+
+
+def test_a_plugin_detector_runs_end_to_end_through_the_cli(tmp_path):
+    plugin = tmp_path / "ttr_plugin.py"
+    plugin.write_text(PLUGIN, encoding="utf-8")
+    out = tmp_path / "run"
+    listed = run_cli("--plugin", plugin, "--list")
+    assert "type_token_ratio" in listed.stdout
+    bad = run_cli("--detectors", "type_token_ratio", "--out_dir", out, check=False)
+    assert bad.returncode == 2 and "unknown detector 'type_token_ratio'" in bad.stderr   # without the plugin: not known
+    run_cli("--profile", "tiny", "--plugin", plugin, "--detectors", "log_likelihood", "type_token_ratio",
+            "--methods", "m5", "--set", "data.n_per_class=6", "n_bootstrap=50", "--out_dir", out, "--offline")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["plugins"] == [str(plugin.resolve())] and cfg["detectors"] == ["log_likelihood", "type_token_ratio"]
+    s = pd.read_parquet(out / "scores.parquet")
+    t = s[s["detector_name"] == "type_token_ratio"]
+    assert len(t) == len(s) / 2 and set(t["detector_family"]) == {"lexical"} and (t["detector_direction"] == -1).all()
+    ok = t[t["valid"]]
+    assert len(ok) > 0 and ok["detector_score_raw"].between(0, 1).all()
+    ttr = lambda x: len(set(x.lower().split())) / len(x.lower().split())
+    assert ok["detector_score_raw"].tolist() == pytest.approx(ok["text_out"].map(ttr).tolist(), abs=1e-12)
+    m = json.loads((out / "metrics.json").read_text())
+    assert "type_token_ratio" in m["lee_news"] and "m0" in m["lee_news"]["type_token_ratio"]
+    assert 0 <= m["lee_news"]["type_token_ratio"]["m0"]["auc"] <= 1
+    assert (out / "figures" / "fig_heatmap_t1f.png").exists()
