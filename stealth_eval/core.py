@@ -241,6 +241,8 @@ def check_entry(raw: bytes, key: str | None = None) -> tuple:
     if stable_hash(entry["value"]) != entry["sha256"]: return "digest mismatch (value changed on disk)", None
     return "", entry["value"]
 
+_MISS = object()   # what `Cache.get` returns for a missing entry inside `fetch` (None is a value that can be cached)
+
 class Cache:
     "Content-addressed JSON store with atomic writes, a digest per entry and hit/miss counters."
     def __init__(self, root=None,  # folder (default: `user_cache_dir()/store`)
@@ -279,6 +281,26 @@ class Cache:
             atomic_write_text(self._path(key), json.dumps({"key": key, "format": CACHE_FORMAT,
                                                            "sha256": stable_hash(canon), "value": value}))
         return value
+
+    def fetch(self, keys: dict, compute) -> dict:
+        """name -> value for every name of `keys` (name -> cache key): the cached values, and for the missing names
+        one call `compute(missing names) -> their values, in order`, stored. Nothing is computed (no model loads) when
+        every value is cached; a stored None is a value, not a miss."""
+        got, miss = {}, []
+        for n, k in keys.items():
+            v = self.get(k, default=_MISS)
+            if v is _MISS: miss.append(n)
+            else: got[n] = v
+        if miss:
+            vals = list(compute(miss))
+            if len(vals) != len(miss): raise ValueError(f"cache.fetch: {len(vals)} values computed for {len(miss)} missing keys")
+            for n, v in zip(miss, vals): got[n] = self.put(keys[n], v)
+        return {n: got[n] for n in keys}
+
+    def by_text(self, namespace: str, texts: list, compute, **parts) -> dict:
+        "sha256(text) -> value of each distinct text, keyed by (namespace, text, parts): `fetch` with `compute(texts)`."
+        uniq = {sha256_text(t): t for t in texts}
+        return self.fetch({h: self.key(namespace, text=h, **parts) for h in uniq}, lambda hs: compute([uniq[h] for h in hs]))
 
     def stats(self) -> dict:
         "Hits and misses per namespace (plus `invalid`: entries that failed their check); logs failed entries once."

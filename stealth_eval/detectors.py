@@ -277,19 +277,13 @@ def score_texts_windows(texts: list, model_spec: str, cfg: dict, cache: Cache, w
     identity = _identity_of(model_spec, cfg)
     tok = load_tokenizer(model_spec, trust_remote_code=cfg["trust_remote_code"])
     ids = dict(zip(uniq, tok(list(uniq.values()), truncation=False).input_ids))
-    got, todo = {}, {}       # (text, tokens scored) -> statistics; the entries to compute
-    for h in uniq:
-        for n in sorted({min(len(ids[h]), W) for W in windows}):
-            k = cache.key("lm_panel", model=identity, text=h, scored_tokens=n, version=PANEL_VERSION)
-            v = cache.get(k, default="<miss>")
-            if v == "<miss>": todo[(h, n)] = k
-            else: got[(h, n)] = v
-    if todo:
+    keys = {(h, n): cache.key("lm_panel", model=identity, text=h, scored_tokens=n, version=PANEL_VERSION)
+            for h in uniq for n in sorted({min(len(ids[h]), W) for W in windows})}   # (text, tokens scored)
+    def compute(todo):
         lm = load_causal_lm(model_spec, device=cfg["device"], trust_remote_code=cfg["trust_remote_code"])
         budget, granule = scoring_budget(cfg, lm.device)
-        stats = _panel_of_ids(lm, [ids[h] for h, _ in todo], [n for _, n in todo], budget, granule,
-                              desc=f"scoring with {model_spec}")
-        for (hn, k), st in zip(todo.items(), stats): got[hn] = cache.put(k, st)
+        return _panel_of_ids(lm, [ids[h] for h, _ in todo], [n for _, n in todo], budget, granule, desc=f"scoring with {model_spec}")
+    got = cache.fetch(keys, compute)
     return {W: {h: got[(h, min(len(ids[h]), W))] for h in uniq} for W in windows}
 
 def score_binoculars_pair(texts: list, cfg: dict, cache: Cache, max_tokens: int = 512) -> dict:
@@ -305,25 +299,23 @@ def score_binoculars_pair(texts: list, cfg: dict, cache: Cache, max_tokens: int 
     for h, o in zip(uniq, oids):
         if o != ids[h]:
             raise ValueError(f"binoculars: {obs_spec} and {perf_spec} tokenize differently; the pair must share a tokenizer")
-    out, todo = {}, []
-    for h in uniq:
-        n = len(ids[h])
-        k = cache.key("binoculars_pair", models=ident, text=h, scored_tokens=min(n, max_tokens), version=PANEL_VERSION)
-        v = cache.get(k, default="<miss>")
-        if v != "<miss>": out[h] = v
-        elif min(n, max_tokens) - 1 < 2: out[h] = cache.put(k, None)
-        else: todo.append((h, k))
-    if todo:
+    keys = {h: cache.key("binoculars_pair", models=ident, text=h, scored_tokens=min(len(ids[h]), max_tokens),
+                         version=PANEL_VERSION) for h in uniq}
+    def compute(miss):
+        out = {h: None for h in miss}                       # None: fewer than 2 predicted tokens
+        todo = [h for h in miss if min(len(ids[h]), max_tokens) - 1 >= 2]
+        if not todo: return [out[h] for h in miss]
         obs, perf = (load_causal_lm(s, device=cfg["device"], **kw) for s in (obs_spec, perf_spec))
         budget, granule = scoring_budget(cfg, perf.device)
         def take(idx, b_ids, lengths, logits):
             for i, b in zip(idx, binoculars_batch(logits[0], logits[1].to(logits[0].device), b_ids, lengths,
                                                   perf.tokenizer.pad_token_id)):
-                h, k = todo[i]
-                out[h] = cache.put(k, {"binoculars": b, "n_tokens_input": len(ids[h]), "truncated": len(ids[h]) > max_tokens})
-        _forward_batches([obs, perf], [ids[h][:max_tokens] for h, _ in todo], budget, granule,
+                h = todo[i]
+                out[h] = {"binoculars": b, "n_tokens_input": len(ids[h]), "truncated": len(ids[h]) > max_tokens}
+        _forward_batches([obs, perf], [ids[h][:max_tokens] for h in todo], budget, granule,
                          f"binoculars: {obs_spec} / {perf_spec}", take)
-    return out
+        return [out[h] for h in miss]
+    return cache.fetch(keys, compute)
 
 def _identity_of(model_spec: str, cfg: dict) -> str:
     "The model's identity for cache keys (`models.lm_identity`: loads nothing for embedded or local models)."

@@ -371,17 +371,13 @@ def similarities(pairs: list, embedder_spec: str, cfg: dict, cache: Cache) -> li
         todo.append(i)
     if todo:
         ident = embedder_identity(embedder_spec, cfg["device"])
-        miss = []
-        for i in todo:
-            k = cache.key("similarity", model=ident, a=sha256_text(pairs[i][0]), b=sha256_text(pairs[i][1]))
-            v = cache.get(k)
-            if v is None: miss.append((i, k))
-            else: out[i] = v
-        if miss:   # the embedder is loaded only when something is missing from the cache
+        def compute(miss):   # the embedder is loaded only when something is missing from the cache
             emb = load_embedder(embedder_spec, device=cfg["device"], batch_tokens=cfg.get("embed_batch_tokens", "auto"))
-            texts = sorted({t for i, _ in miss for t in pairs[i]})
+            texts = sorted({t for i in miss for t in pairs[i]})
             E = dict(zip(texts, emb.encode(texts)))
-            for i, k in miss: out[i] = cache.put(k, float(np.dot(E[pairs[i][0]], E[pairs[i][1]])))
+            return [float(np.dot(E[pairs[i][0]], E[pairs[i][1]])) for i in miss]
+        out.update(cache.fetch({i: cache.key("similarity", model=ident, a=sha256_text(pairs[i][0]), b=sha256_text(pairs[i][1]))
+                                for i in todo}, compute))
     return out
 
 # %% ../nbs/02_models.ipynb #496eeaea

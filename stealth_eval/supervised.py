@@ -62,22 +62,16 @@ def kgw_score_texts(texts: list, cfg: dict, cache: Cache) -> dict:
     p = watermark_params(cfg)
     ident = lm_identity(cfg["generator"], device=cfg["device"], trust_remote_code=cfg["trust_remote_code"])
     keyp = {k: p[k] for k in ("gamma", "key", "seeding_scheme", "context_width")}   # δ does not change detection
-    out, todo = {}, []
-    for t in dict.fromkeys(texts):
-        h = sha256_text(t)
-        k = cache.key("kgw", tokenizer=ident, text=h, params=keyp, version="kgw-v1")
-        v = cache.get(k, default="<miss>")
-        if v == "<miss>": todo.append((h, t, k))
-        else: out[h] = v
-    if todo:
+    def compute(todo):
         tok, conf = generator_tokenizer_config(cfg["generator"], cfg["trust_remote_code"])
-        det = kgw_detector(p, conf)
-        for h, t, k in progress(todo, desc="kgw watermark z-scores"):
+        det, out = kgw_detector(p, conf), []
+        for t in progress(todo, desc="kgw watermark z-scores"):
             ids = tok(t, add_special_tokens=False).input_ids
             st = kgw_zscore(ids, p, conf, det)
             if st is not None: st.update(n_tokens_input=len(ids), truncated=False)   # no window: every token counts
-            out[h] = cache.put(k, st)
-    return out
+            out.append(st)
+        return out
+    return cache.by_text("kgw", texts, compute, tokenizer=ident, params=keyp, version="kgw-v1")
 
 @dataclass(frozen=True, kw_only=True)
 class KGWDetector(Detector):
@@ -171,25 +165,20 @@ def load_sequence_classifier(spec: str, device: str = "auto", trust_remote_code:
 
 def classify_texts(texts: list, spec: str, cfg: dict, cache: Cache) -> dict:
     "sha256(text) -> {'probs', 'n_tokens_input', 'truncated'} (or None), in device batches shaped by length, cached by content."
+    ident = classifier_identity(spec, cfg["trust_remote_code"])
+    return cache.by_text("classifier", texts, lambda todo: _classify(todo, spec, cfg), model=ident, version="clf-v2")
+
+def _classify(todo: list, spec: str, cfg: dict) -> list:
+    "The classifier's output for each text of `todo` (None for a text with no tokens of its own), in device batches."
     import torch
     from stealth_eval.models import pad_batch, plan_batches, scoring_budget
-    ident = classifier_identity(spec, cfg["trust_remote_code"])
-    out, todo = {}, []
-    for t in dict.fromkeys(texts):
-        h = sha256_text(t)
-        k = cache.key("classifier", model=ident, text=h, version="clf-v2")
-        v = cache.get(k, default="<miss>")
-        if v == "<miss>": todo.append((h, t, k))
-        else: out[h] = v
-    if not todo: return out
     model, tok, device = load_sequence_classifier(spec, cfg["device"], cfg["trust_remote_code"])
     L = classifier_max_tokens(model.config, tok)
-    n_in = [len(tok(t, truncation=False).input_ids) for _, t, _ in todo]
+    n_in = [len(tok(t, truncation=False).input_ids) for t in todo]
     n_special = len(tok("", truncation=False).input_ids)
-    for i in range(len(todo)):                                        # a text with no tokens of its own has no score
-        if n_in[i] <= n_special: out[todo[i][0]] = cache.put(todo[i][2], None)
+    out = [None] * len(todo)                                          # a text with no tokens of its own has no score
     rows = [i for i in range(len(todo)) if n_in[i] > n_special]
-    seqs = [tok(todo[i][1], truncation=True, max_length=L).input_ids for i in rows]
+    seqs = [tok(todo[i], truncation=True, max_length=L).input_ids for i in rows]
     budget, granule = scoring_budget(cfg, device)                      # device batches shaped by each text's length
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     bar = progress(total=len(rows), desc=f"classifier {spec}", unit="text")
@@ -199,7 +188,7 @@ def classify_texts(texts: list, spec: str, cfg: dict, cache: Cache) -> dict:
             probs = torch.softmax(model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.double(), -1)
         for j, p in zip(idx, probs[:len(idx)].cpu().tolist()):
             i = rows[j]
-            out[todo[i][0]] = cache.put(todo[i][2], {"probs": p, "n_tokens_input": n_in[i], "truncated": n_in[i] > L})
+            out[i] = {"probs": p, "n_tokens_input": n_in[i], "truncated": n_in[i] > L}
         bar.update(len(idx))
     bar.close()
     return out
@@ -266,20 +255,10 @@ def embed_texts(texts: list, spec: str, cfg: dict, cache: Cache) -> dict:
     "sha256(text) -> sentence embedding (list of floats), cached by (embedder identity, text)."
     from stealth_eval.models import embedder_identity, load_embedder
     ident = embedder_identity(spec, cfg["device"])
-    out, todo = {}, []
-    for t in dict.fromkeys(texts):
-        h = sha256_text(t)
-        k = cache.key("embedding", model=ident, text=h)
-        v = cache.get(k)
-        if v is None: todo.append((h, t, k))
-        else: out[h] = v
-    if todo:
+    def compute(todo):
         emb = load_embedder(spec, device=cfg["device"], batch_tokens=cfg.get("embed_batch_tokens", "auto"))
-        for b in range(0, len(todo), 64):
-            chunk = todo[b:b + 64]
-            for (h, _, k), e in zip(chunk, emb.encode([t for _, t, _ in chunk])):
-                out[h] = cache.put(k, [float(x) for x in e])
-    return out
+        return [[float(x) for x in e] for b in range(0, len(todo), 64) for e in emb.encode(todo[b:b + 64])]
+    return cache.by_text("embedding", texts, compute, model=ident)
 
 def offline_features(texts: list, cfg: dict, cache: Cache) -> tuple:
     "(feature names, sha256(text) -> (vector or None, panel stats)): embedding + LM panel statistics."
