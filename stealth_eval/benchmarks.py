@@ -137,6 +137,7 @@ def dedup_texts(records: list,  # records of one file (dicts with id, label, tex
         else: kept.append(r)
     return kept, drops
 
+# %% ../nbs/04_benchmarks.ipynb #3e79adc9
 def sample_records(records: list,
                    n_per_class: int | None,  # units kept per stratum; None: keep everything
                    seed: int = 0,
@@ -207,6 +208,7 @@ APT_ORIGINALS, APT_CALIBRATION = "data/HWT_original_data.csv", "data/merged_mgt_
 
 def apt_polished_file(kind: str, polisher: str) -> str: return f"data/polished/polished_texts_{kind}_{polisher}.csv"
 
+# %% ../nbs/04_benchmarks.ipynb #ff631df7
 def _apt_ids(f, rows) -> list:
     ids = [r["id"] for r in rows]
     bad = [i for i in ids if not i.isdigit()]
@@ -364,6 +366,7 @@ def mgtbench_strip_refusal(text: str) -> str:
         if any(k in text for k in keys) and "." in text: text = text[text.index(".") + 2:]
     return text
 
+# %% ../nbs/04_benchmarks.ipynb #b1fb06f1
 def _squad_span(f, i: int, cell: str):
     try: d = ast.literal_eval(cell)
     except (ValueError, SyntaxError) as e:

@@ -366,6 +366,7 @@ def read_hf_arrow_folder(folder) -> list:
         except (pa.ArrowInvalid, FileNotFoundError) as e: raise StealthEvalError(f"{folder / name}: not a readable Arrow stream ({e})") from None
     return rows
 
+# %% ../nbs/05_benchmarks_hub.ipynb #200b9687
 def mage_upstream_sample(texts: list, labels: list, label: int, num_samples: int = 2000, n_words: int = 100) -> list:
     "Row indices of upstream's MAGE sample: seed 0, `choice(10 x num_samples)` of the `label` rows, 100-200 words, first `num_samples`."
     import numpy as np

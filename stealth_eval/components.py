@@ -79,6 +79,7 @@ class Method(ABC):
     def apply(self, items: list, cfg: dict, cache) -> list:
         "One list of outputs `{setting, candidates: [{text, facts}]}` per item."
 
+# %% ../nbs/01_components.ipynb #0e09ebc9
 @dataclass(frozen=True, kw_only=True)
 class FunctionMethod(Method):
     """A method written as a function: `fn(items, cfg, cache)` over the whole list (`batched`, the usual case: one
@@ -101,6 +102,7 @@ class Built:
     drops: list                   # {filter, reason, ...} of each row the builder dropped
     train: dict | None = None     # {records, note, drops} of a training split, when the source offers one
 
+# %% ../nbs/01_components.ipynb #df90a445
 @dataclass(frozen=True, kw_only=True)
 class Dataset(ABC):
     "A dataset: its name, file, the analyses that apply to it, and one builder."
@@ -113,6 +115,7 @@ class Dataset(ABC):
     @abstractmethod
     def build(self, cfg: dict, cache) -> Built: ...
 
+# %% ../nbs/01_components.ipynb #a4558ff6
 @dataclass(frozen=True, kw_only=True)
 class FunctionDataset(Dataset):
     "A dataset built by a function `fn(cfg, cache) -> Built`."
@@ -155,6 +158,7 @@ DETECTORS = ComponentRegistry("detector", Detector, ["stealth_eval.detectors", "
 METHODS = ComponentRegistry("method", Method, ["stealth_eval.methods", "stealth_eval.paraphrase", "stealth_eval.humanify"])
 DATASETS = ComponentRegistry("dataset", Dataset, ["stealth_eval.data"])
 
+# %% ../nbs/01_components.ipynb #38e424d4
 def dataset_analyses(name: str) -> tuple:
     "The dataset-specific analyses of a run's dataset (none for a dataset read from a file)."
     return DATASETS.get(name).analyses if name in DATASETS else ()

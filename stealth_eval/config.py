@@ -144,6 +144,7 @@ def registries() -> dict:
 
 OPEN_SECTIONS = {"data_paths", "score_windows"}   # sections whose keys the user names (benchmark -> folder)
 
+# %% ../nbs/03_config.ipynb #02ff3339
 def _set_dotted(cfg: dict, key: str, value):
     parts = key.split(".")
     node = cfg
@@ -204,6 +205,7 @@ def check_value(key: str, value):
     if key == "device" and not re.fullmatch(_DEVICE, str(value)):
         raise StealthEvalError(f"--set device={value}: unknown device; use auto, cpu, mps, cuda or cuda:N")
 
+# %% ../nbs/03_config.ipynb #09a49852
 def parse_set(items) -> dict:
     "`['data.n_per_class=20', 'homoglyph_rates=[0.01]']` -> {dotted key: JSON value (or string)}."
     out = {}
@@ -214,6 +216,7 @@ def parse_set(items) -> dict:
         except json.JSONDecodeError: out[k.strip()] = v
     return out
 
+# %% ../nbs/03_config.ipynb #176c8a21
 def resolve_config(profile: str = "embedded", datasets=None, methods=None, detectors=None, n_candidates=None,
                    seed: int = 0, out_dir: str = "artifacts", overrides: dict | None = None, no_cache: bool = False,
                    plugins=None) -> dict:
@@ -252,6 +255,7 @@ def resolve_config(profile: str = "embedded", datasets=None, methods=None, detec
     if cfg["cache_dir"]: cfg["cache_dir"] = str(resolve_path(cfg["cache_dir"]))
     return cfg
 
+# %% ../nbs/03_config.ipynb #651603c0
 def load_config(path) -> dict:
     """The configuration a run resolved once (`config.json`, written by the runner): its plugins imported and its
     component names checked against the registries, so every stage reads the same values."""

@@ -32,12 +32,15 @@ __all__ = ['CACHE_FORMAT', 'PROVENANCE_PACKAGES', 'StealthEvalError', 'UnknownNa
 class StealthEvalError(Exception):
     "An error the user can act on; the message names the file, the field and the problem."
 
+# %% ../nbs/01_core.ipynb #55efcd72
 class UnknownNameError(StealthEvalError, ValueError):
     "A dataset, method, detector or profile name that is not registered."
 
+# %% ../nbs/01_core.ipynb #7d0840d1
 class ComponentUnavailable(StealthEvalError):
     "A method or detector that cannot run here (no adapter, no network, no GPU); the message is the reason, reported as skipped."
 
+# %% ../nbs/01_core.ipynb #097893a5
 def few(xs, k=5) -> str:
     "The first `k` of `xs` for an error message: `'a', 'b' and 3 more`."
     xs = list(xs)
@@ -80,6 +83,7 @@ def project_root() -> Path:
     import stealth_eval
     return Path(stealth_eval.__file__).resolve().parent.parent
 
+# %% ../nbs/01_core.ipynb #012be00c
 def user_cache_dir() -> Path:
     "Where converted models and cached generations/scores live (`$STEALTH_EVAL_CACHE` overrides)."
     env = os.environ.get("STEALTH_EVAL_CACHE")
@@ -87,6 +91,7 @@ def user_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "stealth_eval"
 
+# %% ../nbs/01_core.ipynb #2bb7149e
 def resolve_path(p, base: Path | None = None) -> Path:
     "An absolute path: `p` as given if absolute, else relative to `base` (default: the project root)."
     p = Path(p).expanduser()
@@ -103,6 +108,7 @@ def get_logger(name: str = "stealth_eval") -> logging.Logger:
         logger.propagate = False
     return logger
 
+# %% ../nbs/01_core.ipynb #a0d1d22e
 def progress(iterable=None, desc: str = "", total: int | None = None, **kw):
     "A text progress bar on stderr (tqdm)."
     from tqdm import tqdm
@@ -111,12 +117,16 @@ def progress(iterable=None, desc: str = "", total: int | None = None, **kw):
 
 # %% ../nbs/01_core.ipynb #d10fdcd7
 def sha256_bytes(b: bytes) -> str: return hashlib.sha256(b).hexdigest()
+
+# %% ../nbs/01_core.ipynb #da778705
 def sha256_text(s: str) -> str: return sha256_bytes(s.encode("utf-8", "surrogatepass"))
 
+# %% ../nbs/01_core.ipynb #7bd45b2f
 def stable_hash(obj) -> str:
     "SHA-256 of the canonical JSON of `obj` (sorted keys): the same content always gives the same key."
     return sha256_text(json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str))
 
+# %% ../nbs/01_core.ipynb #33d3ac81
 def file_sha256(path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -140,8 +150,10 @@ def atomic_write_bytes(path, data: bytes) -> Path:
         raise
     return path
 
+# %% ../nbs/01_core.ipynb #d03b7324
 def atomic_write_text(path, text: str) -> Path: return atomic_write_bytes(path, text.encode("utf-8"))
 
+# %% ../nbs/01_core.ipynb #0d1a1960
 class file_lock:
     "An inter-process lock on `path` (the file `path.lock`, via `filelock`); logs once when it has to wait for another process."
     def __init__(self, path, what: str = ""):  # what the holder is doing, for the waiting message
@@ -160,6 +172,7 @@ class file_lock:
 
     def __exit__(self, *exc): self.lock.release()
 
+# %% ../nbs/01_core.ipynb #c11a62c9
 def build_file_once(path, build, check=None, what: str = "building") -> Path:
     "Make `path` once: `build(tmp)` writes a temporary file in the same folder, renamed into place under a file lock; an existing file that fails `check` is rebuilt (one log line)."
     path = Path(path)
@@ -178,6 +191,7 @@ def build_file_once(path, build, check=None, what: str = "building") -> Path:
             if os.path.exists(tmp): os.unlink(tmp)
     return path
 
+# %% ../nbs/01_core.ipynb #898b4acc
 def to_jsonable(obj):
     "Replace NaN/inf by None and numpy scalars/arrays by Python values, recursively."
     if isinstance(obj, dict): return {str(k): to_jsonable(v) for k, v in obj.items()}
@@ -186,12 +200,15 @@ def to_jsonable(obj):
     if isinstance(obj, float) and not math.isfinite(obj): return None
     return obj
 
+# %% ../nbs/01_core.ipynb #e70cf430
 def write_json(path, obj) -> Path:
     return atomic_write_text(path, json.dumps(to_jsonable(obj), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
 
+# %% ../nbs/01_core.ipynb #d48d0953
 def read_json(path):
     with open(path, encoding="utf-8") as f: return json.load(f)
 
+# %% ../nbs/01_core.ipynb #0d5f8a15
 def deep_merge(base: dict, over: dict) -> dict:
     "A deep copy of `base` with `over` laid on top, section by section (nested dicts merge; other values replace)."
     out = copy.deepcopy(base)
@@ -199,6 +216,7 @@ def deep_merge(base: dict, over: dict) -> dict:
         out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
     return out
 
+# %% ../nbs/01_core.ipynb #2fbdaa36
 def record_skipped(cfg: dict, name: str, reason: str, kind: str = "methods"):
     "Merge `{kind: {name: reason}}` into `out_dir/skipped.json` (other keys and entries are kept)."
     if not cfg.get("out_dir"): return
@@ -207,10 +225,12 @@ def record_skipped(cfg: dict, name: str, reason: str, kind: str = "methods"):
     data.setdefault(kind, {})[name] = reason
     write_json(path, data)
 
+# %% ../nbs/01_core.ipynb #6d7db383
 def write_jsonl(path, records) -> Path:
     lines = [json.dumps(to_jsonable(r), ensure_ascii=False, allow_nan=False) for r in records]
     return atomic_write_text(path, "".join(l + "\n" for l in lines))
 
+# %% ../nbs/01_core.ipynb #bcfedc18
 def read_jsonl(path, line_numbers: list | None = None) -> list:  # line_numbers: filled with each record's line number
     "Records of a JSONL file; invalid UTF-8, invalid JSON or a non-object line fail with `file:line`."
     records = []
@@ -243,6 +263,7 @@ def check_entry(raw: bytes, key: str | None = None) -> tuple:
 
 _MISS = object()   # what `Cache.get` returns for a missing entry inside `fetch` (None is a value that can be cached)
 
+# %% ../nbs/01_core.ipynb #b90eb900
 class Cache:
     "Content-addressed JSON store with atomic writes, a digest per entry and hit/miss counters."
     def __init__(self, root=None,  # folder (default: `user_cache_dir()/store`)
@@ -314,6 +335,7 @@ class Cache:
         for (ns, _), n in self.invalid.items(): out[ns]["invalid"] = out[ns].get("invalid", 0) + n
         return out
 
+# %% ../nbs/01_core.ipynb #487b95cf
 def _store_files(root: Path):
     "(entries, temporary files) under a cache store."
     entries, temps = [], []
@@ -341,6 +363,7 @@ def verify_store(root) -> dict:
         else: report["ok"] += 1
     return report
 
+# %% ../nbs/01_core.ipynb #6ffe8179
 def prune_store(root, min_temp_age_s: float = 3600) -> dict:
     "Delete entries that fail verification and temporary files older than `min_temp_age_s` (a live writer's are kept)."
     import time
@@ -372,6 +395,7 @@ def package_versions(names=PROVENANCE_PACKAGES) -> dict:
         except metadata.PackageNotFoundError: out[n] = None
     return out
 
+# %% ../nbs/01_core.ipynb #59f364bc
 def git_commit(root: Path | None = None) -> dict:
     "The commit of the code and whether the work tree had uncommitted changes (None outside a git checkout)."
     root = root or project_root()

@@ -114,6 +114,7 @@ def validate_records(df, source: str, min_words: int = 10):
     df["fail_reason"] = [r for _, r in checks]
     return df.reset_index(drop=True)
 
+# %% ../nbs/00_data.ipynb #511cc5d5
 def check_usable(df, source: str):
     "Refuse a dataset without valid human texts (no threshold can be calibrated) or without valid AI texts (nothing to detect)."
     for lab, why in (("human", "thresholds are calibrated on human texts"), ("ai", "there is nothing to detect")):
@@ -125,6 +126,7 @@ def check_usable(df, source: str):
                                    + f"); {why}, so this dataset cannot be evaluated")
     return df
 
+# %% ../nbs/00_data.ipynb #e313986b
 def load_dataset_file(path, min_words: int = 10):
     "A user's dataset file, checked (see `validate_records`)."
     path = Path(path)
@@ -134,6 +136,7 @@ def load_dataset_file(path, min_words: int = 10):
 # %% ../nbs/00_data.ipynb #93b6921c
 def normalize_ws(text: str) -> str: return " ".join(text.split())
 
+# %% ../nbs/00_data.ipynb #d69785f6
 def lee_documents() -> list:
     "The Lee corpus from the installed `gensim` package: [{id, text}] (300 background + 50 test documents)."
     spec = importlib.util.find_spec("gensim")
@@ -154,10 +157,12 @@ def needs_train_split(cfg: dict) -> bool:
     return any(reg.get(n).needs_train_split for reg, key in ((DETECTORS, "detectors"), (METHODS, "methods"))
                for n in (cfg.get(key) or []) if n in reg)
 
+# %% ../nbs/00_data.ipynb #fc1ad44a
 def train_split_path(out_dir, name: str) -> Path:
     "data/<file>.train.jsonl: the training split written next to a dataset's evaluation file."
     return dataset_path(out_dir, name).with_suffix(".train.jsonl")
 
+# %% ../nbs/00_data.ipynb #c8cf8878
 def load_train_split(out_dir, name: str):
     "The training split of a dataset written by the data stage (checked like a dataset file), or None if it has none."
     p = train_split_path(out_dir, name)
@@ -262,6 +267,7 @@ def build_lee_news(cfg: dict, cache: Cache, name: str = "lee_news", watermark: b
             + (f" (asked for {want} per class; only {len(rest)} documents were left)" if k < want else ""))
     return Built(records, drops, {"records": train, "note": note, "drops": tdrops})
 
+# %% ../nbs/00_data.ipynb #f991ac87
 def build_lee_news_kgw(cfg: dict, cache: Cache) -> Built:
     "Lee news whose AI texts carry a KGW watermark (`cfg['watermark']`; same human texts, prompts and seeds)."
     return build_lee_news(cfg, cache, name="lee_news_kgw", watermark=True)
@@ -368,6 +374,7 @@ class BenchmarkDataset(Dataset):
         train, note = benchmark_train_split(records, kept, cfg["data"].get("n_train_per_class", 50), cfg["seed"], self.name)
         return Built(kept, list(drops) + ddrops + sdrops, {"records": train, "note": note, "drops": []})
 
+# %% ../nbs/00_data.ipynb #b3b84617
 def _bench(name, loader, folder, file="", analyses=(), **kwargs):
     return DATASETS.register(BenchmarkDataset(name=name, loader=loader, folder=folder, file=file or folder,
                                               analyses=tuple(analyses), kwargs=kwargs))
@@ -394,6 +401,7 @@ def dataset_path(out_dir, name: str) -> Path:
     d = DATASETS.get(name) if name in DATASETS else None
     return Path(out_dir) / "data" / f"{(d.file if d else '') or name}.jsonl"
 
+# %% ../nbs/00_data.ipynb #d676bc73
 def _write_train_split(cfg: dict, name: str, train: dict | None) -> dict:
     "Write (or remove) data/<name>.train.jsonl; return the card's `train_split` entry: counts, or why there is none."
     import pandas as pd
@@ -439,6 +447,7 @@ def run_data_stage(cfg: dict, cache: Cache | None = None):
     if errors: raise StealthEvalError("; ".join(errors))
     return pd.DataFrame(rows)
 
+# %% ../nbs/00_data.ipynb #4aa3196b
 def load_run_dataset(out_dir, name: str):
     "A dataset written by the data stage, re-checked."
     return load_dataset_file(dataset_path(out_dir, name))

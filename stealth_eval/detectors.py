@@ -92,6 +92,7 @@ def panel_batch(logits, ids, lengths, pad_id=None) -> list:
                     "fdg": f, "binoculars_single": g})
     return out
 
+# %% ../nbs/20_detectors.ipynb #2aaf3242
 def binoculars_batch(obs_logits, perf_logits, ids, lengths, pad_id=None) -> list:
     """Binoculars (Hans et al. 2024) of each row: performer log-perplexity / observer-to-performer cross-perplexity,
     in nats. The cross term is -E_observer[log p_performer], the panel's `mu` with the observer as q: the same float64
@@ -101,6 +102,7 @@ def binoculars_batch(obs_logits, perf_logits, ids, lengths, pad_id=None) -> list
     b = ((-ll * pred).sum(1) / pred.sum(1)) / ((-mu * keep).sum(1) / keep.sum(1))
     return b.cpu().tolist()
 
+# %% ../nbs/20_detectors.ipynb #458ebc1f
 def _forward_batches(models: list, seqs: list, budget: int, granule: int, desc: str, on_batch):
     """Run each LM of `models` over the token lists in batches whose shapes depend on each list's length alone
     (`models.plan_batches`); call `on_batch(indices, ids, lengths, [logits per model])` (dummy rows included)."""
@@ -138,11 +140,13 @@ def panel_from_logits(logits, labels, ref_logits=None, chunk: int = 8) -> dict:
             "entropy": float(ent.mean()), "lrr": -m_ll / m_lr if m_lr > 0 else math.inf,
             "fdg": float((ll.sum() - mu.sum()) / var.sum().sqrt())}
 
+# %% ../nbs/20_detectors.ipynb #d940fa48
 def panel_stats(lm, text: str, max_tokens: int = 512) -> dict | None:
     "The panel statistics of one text (truncated to `max_tokens`) from one forward pass, or None if < 2 tokens."
     ids = lm.tokenizer(text, truncation=False).input_ids
     return _panel_of_ids(lm, [ids], [max_tokens], 0)[0]
 
+# %% ../nbs/20_detectors.ipynb #d753fcaa
 def binoculars_from_logits(obs_logits, perf_logits, ids, pad_id=None, chunk: int = 8) -> float:
     "Binoculars score of one text from the observer's and performer's logits (L, V) over its ids (L,)."
     return binoculars_batch(obs_logits[None], perf_logits[None], ids[None], [int(ids.shape[0])], pad_id)[0]
@@ -174,6 +178,7 @@ def panel_reference(lm, text: str, ref_lm=None) -> dict:
     return {"n_tokens": n, "ll": ll, "logrank": logrank, "rank": sum(rks) / n, "entropy": sum(ents) / n,
             "lrr": -ll / logrank, "fdg": (sum(lls) - sum(mus)) / math.sqrt(sum(vs))}
 
+# %% ../nbs/20_detectors.ipynb #c061e684
 def binoculars_reference(obs_lm, perf_lm, text: str, pad_id=None) -> float:
     "Slow float64 Binoculars, position by position, from the reference code's definitions."
     import torch
@@ -209,6 +214,7 @@ class PanelDetector(Detector):
     def compute(self, texts: list, cfg: dict, cache) -> dict:
         return score_texts(texts, cfg["scoring_model"], cfg, cache, max_tokens=self.window_of(cfg))
 
+# %% ../nbs/20_detectors.ipynb #bbfb45fd
 @dataclass(frozen=True, kw_only=True)
 class BinocularsPair(Detector):
     "Binoculars with a real observer/performer pair that share a tokenizer (config `binoculars_observer/_performer`)."
@@ -267,6 +273,7 @@ def score_texts(texts: list, model_spec: str, cfg: dict, cache: Cache, max_token
     W = int(cfg["score_max_tokens"] if max_tokens is None else max_tokens)
     return score_texts_windows(texts, model_spec, cfg, cache, [W])[W]
 
+# %% ../nbs/20_detectors.ipynb #0bf3bd6c
 def score_texts_windows(texts: list, model_spec: str, cfg: dict, cache: Cache, windows: list) -> dict:
     """window -> sha256(text) -> panel statistics over the text's first `window` tokens. The cache key names the tokens
     actually scored, so a text shorter than several windows is looked up once and scored in one forward pass."""
@@ -286,6 +293,7 @@ def score_texts_windows(texts: list, model_spec: str, cfg: dict, cache: Cache, w
     got = cache.fetch(keys, compute)
     return {W: {h: got[(h, min(len(ids[h]), W))] for h in uniq} for W in windows}
 
+# %% ../nbs/20_detectors.ipynb #267293c1
 def score_binoculars_pair(texts: list, cfg: dict, cache: Cache, max_tokens: int = 512) -> dict:
     "sha256(text) -> {'binoculars', 'n_tokens_input', 'truncated'} (or None) for the configured observer/performer pair."
     from stealth_eval.models import load_causal_lm, load_tokenizer, scoring_budget
@@ -317,6 +325,7 @@ def score_binoculars_pair(texts: list, cfg: dict, cache: Cache, max_tokens: int 
         return [out[h] for h in miss]
     return cache.fetch(keys, compute)
 
+# %% ../nbs/20_detectors.ipynb #2bc79d6a
 def _identity_of(model_spec: str, cfg: dict) -> str:
     "The model's identity for cache keys (`models.lm_identity`: loads nothing for embedded or local models)."
     from stealth_eval.models import lm_identity

@@ -28,6 +28,7 @@ def split_condition(c: str) -> tuple:
     method, _, setting = base.partition(":")
     return method, setting, defense
 
+# %% ../nbs/40_figures.ipynb #4ce8950a
 def _value(v: str):
     for f in (int, float):
         try: return f(v)
@@ -42,6 +43,7 @@ def parse_setting(setting: str) -> dict:
         if k: out[k] = _value(v.strip()) if sep else None
     return out
 
+# %% ../nbs/40_figures.ipynb #dfb33af0
 def format_setting(s: dict) -> str:
     "The inverse of `parse_setting` (up to number formatting)."
     return ",".join(k if v is None else f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in s.items())
@@ -55,6 +57,7 @@ def display_name(v: str) -> str:
 _HIDDEN_KEYS = {"strategy", "polish"}          # their value names itself: `random`, `degree`
 _SHORT_KEYS = {"guide": "g"}
 
+# %% ../nbs/40_figures.ipynb #2acb7a3b
 def _key_part(k, v) -> tuple:
     return (k, 0, float(v), "") if isinstance(v, (int, float)) else (k, 1, 0.0, "" if v is None else str(v))
 
@@ -63,6 +66,7 @@ def condition_key(c: str) -> tuple:
     method, setting, defense = split_condition(c)
     return (defense != "", defense, method, tuple(_key_part(k, v) for k, v in parse_setting(setting).items()))
 
+# %% ../nbs/40_figures.ipynb #4ae14478
 def short_label(c: str) -> str:
     "A compact, readable label for figures and tables."
     method, setting, defense = split_condition(c)
@@ -82,6 +86,7 @@ def ai_conditions(metrics: dict, ds: str, det: str = "mean", defense: str = "non
     return sorted((c for c, m in metrics.get(ds, {}).get(det, {}).items()
                    if m.get("label", "ai") == "ai" and m.get("defense", "none") == defense), key=condition_key)
 
+# %% ../nbs/40_figures.ipynb #85cfc221
 def knob_series(metrics: dict, ds: str, method: str, knob: str, det: str = "mean", defense: str = "none") -> dict:
     "{rest of the setting: [(knob value, condition)] sorted by the knob} for `method`'s conditions that set `knob`."
     groups = {}
@@ -93,6 +98,7 @@ def knob_series(metrics: dict, ds: str, method: str, knob: str, det: str = "mean
         groups.setdefault(format_setting(s), []).append((x, c))
     return {r: sorted(v) for r, v in sorted(groups.items())}
 
+# %% ../nbs/40_figures.ipynb #3674cab1
 def sim_median(quality: dict, ds: str, c: str) -> float:
     "Median similarity to the source from `quality_summary.json` (NaN when absent)."
     q = (quality or {}).get(ds, {}).get(c, {})
@@ -103,6 +109,7 @@ def method_color(method: str) -> str:
     "A method's colour (its `color`; grey for an imported method that is not registered)."
     return METHODS.get(method).color if method in METHODS else "C7"
 
+# %% ../nbs/40_figures.ipynb #a320975e
 def _plt():
     import matplotlib
     matplotlib.use("Agg")
@@ -127,6 +134,7 @@ def heatmap_data(metrics: dict, ds: str, key: str = "tpr1"):
     vals = np.array([[_f(metrics[ds][d].get(c, {}).get(key)) for c in conds] for d in dets], dtype=float)
     return dets, conds, vals
 
+# %% ../nbs/40_figures.ipynb #e7bca0a6
 def plot_heatmap(metrics: dict, ds: str, path, key: str = "tpr1", title: str | None = None):
     plt = _plt()
     dets, conds, vals = heatmap_data(metrics, ds, key)
@@ -153,6 +161,7 @@ def pareto_front(points: list) -> list:
         if not any((s2 >= s and t2 <= t) and (s2 > s or t2 < t) for j, (s2, t2) in enumerate(points) if j != i): out.append(i)
     return out
 
+# %% ../nbs/40_figures.ipynb #f5b44585
 def tradeoff_data(metrics: dict, quality: dict, ds: str) -> list:
     "Points {condition, label, method, sim, tpr, tpr_lo, tpr_hi, pareto} with both a median similarity and a mean TPR."
     mean = metrics.get(ds, {}).get("mean", {})
@@ -166,6 +175,7 @@ def tradeoff_data(metrics: dict, quality: dict, ds: str) -> list:
     for i, p in enumerate(pts): p["pareto"] = i in front
     return pts
 
+# %% ../nbs/40_figures.ipynb #eaf147fe
 def plot_tradeoff(metrics: dict, quality: dict, path, sim_name: str = "embedder") -> dict:
     "Write the trade-off figure (one panel per dataset with an attack point); return {dataset: points}, {} if nothing to plot."
     data = {ds: p for ds in sorted(metrics) if len(p := tradeoff_data(metrics, quality, ds)) >= 2}
@@ -209,6 +219,7 @@ def budget_sweep_data(metrics: dict, quality: dict, ds: str) -> list:
                         "sim": [sim_median(quality, ds, c) for c in cs]})
     return out
 
+# %% ../nbs/40_figures.ipynb #e61355cd
 def plot_budget_sweep(metrics: dict, quality: dict, path, sim_name: str = "embedder") -> dict:
     "Write the sweep (a row per dataset with a method at >= 2 budgets); return {dataset: series}, {} if nothing to plot."
     data = {ds: budget_sweep_data(metrics, quality, ds) for ds in sorted(metrics)}
@@ -245,6 +256,7 @@ def roc_curve(h, a) -> tuple:
     ge = lambda x: (len(x) - np.searchsorted(np.sort(x), t, side="left")) / max(len(x), 1)
     return np.r_[0.0, ge(h)], np.r_[0.0, ge(a)], np.r_[np.inf, t]
 
+# %% ../nbs/40_figures.ipynb #8805960b
 def strongest_attack(metrics: dict, ds: str) -> str | None:
     "The attack condition (no defense, not M0) with the lowest mean TPR@1%FPR, then the lowest mean AUROC."
     mean = metrics.get(ds, {}).get("mean", {})
@@ -275,6 +287,7 @@ def roc_data(scores, metrics: dict, ds: str) -> dict:
                                                       "op_fpr": float((h >= t).mean()), "op_tpr": float((a >= t).mean()), "n_ai": int(len(a))}
     return out
 
+# %% ../nbs/40_figures.ipynb #ceeb4b8e
 def plot_roc(scores, metrics: dict, ds: str, path) -> dict:
     "Write the ROC panels of one dataset (log FPR axis); return the plotted data, {} if nothing to plot."
     data = roc_data(scores, metrics, ds)
@@ -326,6 +339,7 @@ def shield_data(metrics: dict, ds: str) -> dict:
                                   "per_detector": {d: [_f(metrics[ds][d].get(c, {}).get("tpr1")) for c in cs] for d in dets}}
     return dict(sorted(out.items()))
 
+# %% ../nbs/40_figures.ipynb #fcd4bb4e
 def plot_shield(metrics: dict, path) -> dict:
     "Write the SHIELD hardness curves (a panel per dataset and strategy); return {dataset: data}, {} if no SHIELD condition."
     data = {ds: d for ds in sorted(metrics) if (d := shield_data(metrics, ds))}
@@ -367,6 +381,7 @@ def detector_models(scores, ds: str) -> dict:
         out[d] = str(m) + (" (white-box: the scorer wrote the AI texts)" if scorer in gens and fam != "watermark" else "")
     return out
 
+# %% ../nbs/40_figures.ipynb #fc918526
 def main_table(metrics: dict, thresholds: dict, ds: str, defense: str = "none", skipped: dict | None = None,
                skipped_methods: dict | None = None, models: dict | None = None) -> tuple:
     "(markdown, latex) of the main table for one dataset; `models`: `detector_models(scores, ds)`."
@@ -422,6 +437,7 @@ def transfer_data(metrics: dict, ds: str) -> dict:
                      "heldout_mean": float(np.mean(held)) if g and g in dets and held else float("nan")})
     return {"detectors": dets, "rows": rows}
 
+# %% ../nbs/40_figures.ipynb #a4b4e4f1
 def transfer_table(metrics: dict) -> str:
     "Markdown: one section per dataset with M3 guide settings; '' when there is none."
     out = []
@@ -453,6 +469,7 @@ def sanitize_rows(metrics: dict, ds: str) -> list:
                              "auc_before": before["auc"], "auc_after": after["auc"]})
     return rows
 
+# %% ../nbs/40_figures.ipynb #e18820ee
 def sanitize_table(metrics: dict, ds: str) -> str:
     rows = sanitize_rows(metrics, ds)
     md = [f"## {ds}: homoglyph attack before and after sanitize()", "",
@@ -461,6 +478,7 @@ def sanitize_table(metrics: dict, ds: str) -> str:
            f"{_fmt(r['auc_before'])} | {_fmt(r['auc_after'])} |" for r in rows]
     return "\n".join(md) + "\n"
 
+# %% ../nbs/40_figures.ipynb #dfdd293d
 def plot_sanitize(metrics: dict, ds: str, path):
     plt = _plt()
     rows = [r for r in sanitize_rows(metrics, ds) if split_condition(r["condition"])[0] in ("m5", "m0")]
@@ -485,6 +503,7 @@ def mark_non_ascii(text: str, limit: int = 600) -> str:
     t = text[:limit] + ("…" if len(text) > limit else "")
     return "".join(ch if ch.isascii() or ch in "…" else f"⟦{ch} U+{ord(ch):04X}⟧" for ch in t)
 
+# %% ../nbs/40_figures.ipynb #062ea131
 def spread_conditions(conds: list, n: int) -> list:
     "Up to `n` conditions, one per method in turn (then a second per method, ...); defended conditions last."
     conds = sorted(conds, key=condition_key)
@@ -494,6 +513,7 @@ def spread_conditions(conds: list, n: int) -> list:
     order = [c for k in range(max(map(len, by_method.values()), default=0)) for cs in by_method.values() if k < len(cs) for c in [cs[k]]]
     return (order + [c for c in conds if split_condition(c)[2]])[:n]
 
+# %% ../nbs/40_figures.ipynb #b2bb5ccc
 def qual_examples(scores, quality, thresholds: dict, n: int, seed: int) -> str:
     rng = np.random.default_rng(seed)
     s = scores[(scores["label"] == "ai") & (scores["candidate_rank"] == 0)]

@@ -32,15 +32,18 @@ def stopwords() -> frozenset:
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
     return frozenset(ENGLISH_STOP_WORDS)
 
+# %% ../nbs/12_humanify.ipynb #6148e74b
 def is_content_word(word: str) -> bool:
     "True for a word of 𝒮: alphabetic, ≥ 2 letters, not a stopword (case-insensitive)."
     w = word.lower()
     return len(w) >= 2 and w.isascii() and w.isalpha() and w not in stopwords()
 
+# %% ../nbs/12_humanify.ipynb #cda0d739
 def word_spans(text: str) -> list:
     "(start, end, word) of every word of `text`, in order."
     return [(m.start(), m.end(), m.group()) for m in WORD_RE.finditer(text)]
 
+# %% ../nbs/12_humanify.ipynb #ebb23224
 def content_spans(text: str) -> list:
     "(start, end, word) of the content words (𝒮) of `text`."
     return [s for s in word_spans(text) if is_content_word(s[2])]
@@ -59,6 +62,7 @@ def document_frequencies(records: list) -> dict:
             df.setdefault(w, [0, 0])[lab == "ai"] += 1
     return {"n": n, "df": df}
 
+# %% ../nbs/12_humanify.ipynb #d75b3d7c
 def mutual_information(dh: int, da: int, n_h: int, n_a: int, alpha: float = 1.0) -> float:
     "SHIELD Eq. 1 for one word from its document frequencies (estimator above)."
     N, d = n_h + n_a, dh + da
@@ -112,6 +116,7 @@ class MIRanker:
                 "ai_top": [row(w) for w in self.vocabulary("ai")[:top]],
                 "human_top": [row(w) for w in self.vocabulary("human")[:top]]}
 
+# %% ../nbs/12_humanify.ipynb #afec4d9e
 def training_sha256(records: list) -> str:
     "Content hash of a training split: the sorted (label, text hash) pairs."
     return stable_hash(sorted([r["label"], sha256_text(r["text"])] for r in records))
@@ -139,6 +144,7 @@ def load_training_records(out_dir, dataset: str) -> list:
                                    f"valid AI texts; the SHIELD ranker needs both")
     return recs
 
+# %% ../nbs/12_humanify.ipynb #638b9cec
 def fit_ranker(cfg: dict, dataset: str, cache) -> MIRanker:
     "The MI ranker of a dataset's training split (cached by content), its top lists written to the run folder."
     scfg = shield_config(cfg)
@@ -378,6 +384,7 @@ def replace_spans(text: str, spans: list, words: list) -> str:
         out += [text[last:s], w if new is None else _match_case(w, new)]; last = e
     return "".join(out + [text[last:]])
 
+# %% ../nbs/12_humanify.ipynb #78b1d4a4
 def edit_facts(source: str, text: str) -> dict:
     "Words changed position by position (the edits are one word for one word)."
     a, b = [w.lower() for *_, w in word_spans(source)], [w.lower() for *_, w in word_spans(text)]
@@ -496,6 +503,7 @@ POLISH_DEFAULTS = {"degrees": ["minor"], "percents": [10], "temperature": 0.7, "
 def polish_config(cfg: dict) -> dict:
     return {**POLISH_DEFAULTS, **(cfg.get("polish") or {})}
 
+# %% ../nbs/12_humanify.ipynb #2cc904de
 def polish_prompt(text: str, kind: str, level) -> str:
     "The APT-Eval user prompt for degree-based (`kind='degree'`) or percentage-based (`kind='percent'`) polishing."
     if kind == "degree":
@@ -513,6 +521,7 @@ def polish_prompt(text: str, kind: str, level) -> str:
                 f"change with polishing. Only output the polished text, nothing else. The given text:\n\"{text}\"")
     raise StealthEvalError(f"unknown polish kind {kind!r} (degree or percent)")
 
+# %% ../nbs/12_humanify.ipynb #6a228c52
 def clean_polish_output(s: str) -> str:
     "Drop a leading 'Here is …:' / 'Sure …:' line and quotes around the answer."
     s = s.strip()
@@ -535,6 +544,7 @@ def polish_filter(sims: list, min_similarity: float = 0.85) -> list:
         out.append(f)
     return out
 
+# %% ../nbs/12_humanify.ipynb #7fd1d22b
 def method_polish(items: list, cfg: dict, cache=None) -> list:
     "APT-Eval polishing of human texts, one output per degree and percentage in `cfg['polish']` (batched method)."
     from stealth_eval.models import similarities

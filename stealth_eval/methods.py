@@ -46,6 +46,7 @@ def confusable_inverse() -> dict:
             if len(h) == 1 and not h.isascii(): inv.setdefault(h, set()).add(c)
     return {h: next(iter(cs)) for h, cs in inv.items() if len(cs) == 1}
 
+# %% ../nbs/10_methods.ipynb #48d69c1b
 @lru_cache(maxsize=1)
 def homoglyph_table() -> dict:
     "ASCII letter/digit -> look-alike substitutes (see the rules above)."
@@ -71,6 +72,7 @@ def homoglyph_attack(text: str, rate: float, seed: int) -> tuple:
     for i in sorted(rng.sample(positions, k)): chars[i] = rng.choice(table[chars[i]])
     return "".join(chars), {"n_substituted": k, "rate_actual": k / max(len(text), 1), "rate_target": rate}
 
+# %% ../nbs/10_methods.ipynb #3a52c5f7
 def method_m5(item: dict, cfg: dict) -> list:
     "M5, homoglyphs: one output per rate in `cfg['homoglyph_rates']`."
     out = []
@@ -98,6 +100,7 @@ def condition_name(method: str, setting: str, defense: str = "none") -> str:
     "The key of a (method, setting, defense) in metrics and tables: `m5:homoglyph_p=0.01+sanitize`."
     return method + (f":{setting}" if setting else "") + ("" if defense == "none" else f"+{defense}")
 
+# %% ../nbs/10_methods.ipynb #c56ccc09
 def _outputs_rows(r, out, method, defenses, vcfg, base):
     "Rows of one output: every candidate, each with its validity; the all-invalid policy applied to rank 0."
     rows = []
@@ -177,6 +180,7 @@ def run_methods_stage(cfg: dict, cache: Cache | None = None):
     write_json(out_dir / "cache_stats" / "10_methods.json", cache.stats())
     return methods_summary(pd.DataFrame(rows))
 
+# %% ../nbs/10_methods.ipynb #e85150f4
 def methods_summary(out):
     "Per (dataset, label, condition): outputs, candidate rows, invalid outputs, outputs whose every candidate is invalid."
     out = out.assign(rank0=out["candidate_rank"] == 0,

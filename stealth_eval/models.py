@@ -150,10 +150,12 @@ class LoadedLM:
         n = getattr(self.model.config, "max_position_embeddings", None) or 2048
         return int(min(n, 8192))
 
+# %% ../nbs/02_models.ipynb #e6205210
 def offline_mode() -> bool:
     "True when the run must not touch the network (`--offline` sets HF_HUB_OFFLINE=1 for every stage)."
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
 
+# %% ../nbs/02_models.ipynb #69bb460e
 def available_offline(spec: str) -> bool:
     "Whether a model can load without the network: an embedded alias, a local folder, or a hub id already cached."
     if spec in EMBEDDED_LMS or spec == "all-minilm-l6-v2" or Path(spec).expanduser().is_dir(): return True
@@ -163,11 +165,13 @@ def available_offline(spec: str) -> bool:
     except Exception:
         return False
 
+# %% ../nbs/02_models.ipynb #0e2a62fa
 def resolve_device(device: str = "auto") -> str:
     if device != "auto": return device
     import torch
     return "cuda" if torch.cuda.is_available() else "cpu"
 
+# %% ../nbs/02_models.ipynb #da078510
 def _local_identity(folder: Path) -> str:
     files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".json") and p.is_file())
     return stable_hash([[p.name, _sha256_cached(p)] for p in files])[:16]
@@ -179,6 +183,7 @@ def lm_identity(spec: str, device: str = "auto", trust_remote_code: bool = False
     if p.is_dir(): return f"{p.name}@local:{_local_identity(p)}"
     return load_causal_lm(spec, device=device, trust_remote_code=trust_remote_code).identity
 
+# %% ../nbs/02_models.ipynb #073c89be
 @lru_cache(maxsize=8)
 def load_causal_lm(spec: str,                    # embedded alias, local folder, or hub id
                    device: str = "auto",          # "auto": CUDA when available
@@ -215,6 +220,7 @@ def load_causal_lm(spec: str,                    # embedded alias, local folder,
     model.to(device).eval()
     return LoadedLM(spec, identity, model, tok, device, meta)
 
+# %% ../nbs/02_models.ipynb #86ee5002
 def _model_source(spec: str):
     "Where a model's files are: the converted folder of an embedded alias, a local folder, or the hub id."
     if spec in EMBEDDED_LMS: return convert_gguf(spec)[0]
@@ -231,6 +237,7 @@ def load_tokenizer(spec: str, trust_remote_code: bool = False, revision: str | N
     except OSError as e:
         raise StealthEvalError(f"could not load the tokenizer of {spec!r}: {str(e).splitlines()[0]}") from e
 
+# %% ../nbs/02_models.ipynb #b630500b
 @lru_cache(maxsize=8)
 def model_max_tokens(spec: str, trust_remote_code: bool = False) -> int:
     "The longest input a causal LM accepts, from its configuration alone (capped at 8192 for scoring)."
@@ -267,12 +274,14 @@ def bucket_length(n: int, granule: int = 64) -> int:
     g = int(granule)
     return int(n) if g <= 1 else (int(n) // g + 1) * g
 
+# %% ../nbs/02_models.ipynb #94995986
 def batch_shape(n: int, token_budget: int, granule: int = 64, max_rows: int = 256) -> tuple:
     "The `(rows, length)` of the batch a text of `n` tokens is computed in: a function of `n` alone."
     if token_budget <= 0: return 1, max(1, int(n))           # one text per pass, unpadded
     L = bucket_length(n, max(2, granule))
     return max(1, min(int(max_rows), int(token_budget) // L)), L
 
+# %% ../nbs/02_models.ipynb #13653471
 def plan_batches(lengths: list, token_budget: int, granule: int = 64, max_rows: int = 256) -> list:
     "Batches `(rows, length, indices)`: texts grouped by `batch_shape`, at most `rows` indices each (dummy rows fill up)."
     groups = {}
@@ -280,16 +289,19 @@ def plan_batches(lengths: list, token_budget: int, granule: int = 64, max_rows: 
     return [(R, L, idx[s:s + R]) for (R, L), idx in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0]))
             for s in range(0, len(idx), R)]
 
+# %% ../nbs/02_models.ipynb #42459ede
 def default_token_budget(device: str) -> int:
     "Tokens per forward pass when none is set: 0 (one unpadded text per pass) on the CPU, 8192 on a GPU."
     return 0 if str(device).startswith("cpu") else 8192
 
+# %% ../nbs/02_models.ipynb #b6302e78
 def scoring_budget(cfg: dict, device: str) -> tuple:
     """(tokens per forward pass, bucket granule) of every scoring pass (LM panel, Binoculars, classifier):
     `score_batch_tokens` ('auto': `default_token_budget` of the device) and `score_bucket_tokens`."""
     b = cfg.get("score_batch_tokens", "auto")
     return (default_token_budget(device) if b in (None, "auto") else int(b)), int(cfg.get("score_bucket_tokens", 64))
 
+# %% ../nbs/02_models.ipynb #735de392
 def pad_batch(seqs: list, rows: int, length: int, pad_id: int):
     "Right-padded `(ids, mask)` tensors of shape (rows, length); rows beyond `seqs` repeat the first sequence."
     import torch
@@ -312,6 +324,7 @@ class Embedder:
 # every embedder identity retires entries computed another way.
 ENCODE_VERSION = "text-shaped-v2"
 
+# %% ../nbs/02_models.ipynb #c478b09b
 def _mean_pool_encoder(model, tok, device, prefix: str = "", max_length: int = 512, budget: int = 0, granule: int = 32):
     "encode(texts) -> (n, d) float32, L2-normalised attention-masked mean of the last hidden states, in device batches."
     import numpy as np, torch
@@ -341,6 +354,7 @@ def embedder_identity(spec: str, device: str = "auto") -> str:
     p = Path(spec).expanduser()
     return f"{p.name}@local:{_local_identity(p)}/{ENCODE_VERSION}" if p.is_dir() else load_embedder(spec, device).identity
 
+# %% ../nbs/02_models.ipynb #04562a4c
 @lru_cache(maxsize=4)
 def load_embedder(spec: str = "all-minilm-l6-v2", device: str = "auto", batch_tokens="auto") -> Embedder:
     "A sentence embedder by alias (`all-minilm-l6-v2`), E5 hub id, or local folder of an E5-style encoder."
@@ -362,6 +376,7 @@ def load_embedder(spec: str = "all-minilm-l6-v2", device: str = "auto", batch_to
     identity = (f"{p.name}@local:{_local_identity(p)}" if p.is_dir() else f"{spec}@{getattr(model.config, '_commit_hash', None)}") + f"/{ENCODE_VERSION}"
     return Embedder(spec, identity, _mean_pool_encoder(model, tok, device, "query: ", 512, _embed_budget(device, batch_tokens)))
 
+# %% ../nbs/02_models.ipynb #f9b96e88
 def similarities(pairs: list, embedder_spec: str, cfg: dict, cache: Cache) -> list:
     "Cosine similarity for (source, output) pairs, cached by (embedder, both texts)."
     import numpy as np
@@ -385,6 +400,7 @@ def row_seed(*parts) -> int:
     "A 31-bit seed from any JSON-able parts (run seed, text id, purpose)."
     return int(stable_hash(list(parts))[:8], 16) & 0x7FFFFFFF
 
+# %% ../nbs/02_models.ipynb #93ff31c9
 def _nucleus(probs, top_p: float):
     "Keep the smallest set of most-probable tokens whose mass reaches `top_p` (ties broken by token id); renormalise."
     import torch
@@ -419,6 +435,7 @@ def counter_uniform(seeds, steps, tokens):
     h = _mix32(k[:, None] ^ _mix32((v * 0x85EBCA77 + 0xC2B2AE3D) & _M32))
     return (h.double() + 0.5) / 4294967296.0
 
+# %% ../nbs/02_models.ipynb #6203d7a7
 def seeded_sample(scores,               # (rows, vocab) logits, any float dtype, on any device
                   seeds,                # (rows,) int64: one seed per row
                   steps,                # (rows,) int64: the row's step (tokens it has drawn so far)
@@ -441,6 +458,7 @@ def seeded_sample(scores,               # (rows, vocab) logits, any float dtype,
     j = torch.argmax(logp.double() + g, -1)
     return j if cand is None else cand.gather(1, j[:, None])[:, 0]
 
+# %% ../nbs/02_models.ipynb #ccb51c70
 class SeededSampler:
     "Logits processor for greedy `generate`: draws each row with `seeded_sample` and returns a one-hot score."
     def __init__(self, seeds, prompt_len: int, temperature: float = 1.0, top_p: float = 1.0, banned_ids=(),
@@ -579,6 +597,7 @@ def chat_prompt_ids(tokenizer, message: str, system: str | None = None) -> list:
     text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False).input_ids
 
+# %% ../nbs/02_models.ipynb #bc6d9286
 def chat_generate(lm,                        # LoadedLM, or a model spec for load_causal_lm
                   messages: list,            # one user message per row
                   seeds: list,               # one seed per row

@@ -59,6 +59,7 @@ def split_sentences(text: str) -> list:
     if start < len(text): out.append(text[start:])
     return out
 
+# %% ../nbs/11_paraphrase.ipynb #ab014ed7
 def chunk_text(text: str, count_tokens, max_tokens: int) -> list:
     "Greedy runs of whole sentences of at most `max_tokens` tokens; `''.join(chunks) == text`."
     pieces = []
@@ -77,6 +78,7 @@ def chunk_text(text: str, count_tokens, max_tokens: int) -> list:
     if chunks and not chunks[0].strip() and len(chunks) > 1: chunks[1] = chunks[0] + chunks[1]; chunks = chunks[1:]
     return chunks
 
+# %% ../nbs/11_paraphrase.ipynb #29a5f10d
 def join_chunks(answers: list, chunks: list) -> str:
     "Paraphrases of the chunks, in order, separated by the whitespace that followed each chunk."
     seps = [c[len(c.rstrip()):] for c in chunks]
@@ -90,6 +92,7 @@ class AdaptedSpec:
     adapter: str       # local folder holding adapter_config.json and the adapter weights
     identity: str
 
+# %% ../nbs/11_paraphrase.ipynb #3a07b26a
 @lru_cache(maxsize=8)
 def tokenizer_of(spec: str):
     "The tokenizer of a model spec (embedded alias, local folder or hub id) without loading the weights."
@@ -100,6 +103,7 @@ def tokenizer_of(spec: str):
     if tok.pad_token is None: tok.pad_token = tok.eos_token
     return tok
 
+# %% ../nbs/11_paraphrase.ipynb #11c2f8aa
 def _tok(target):
     from stealth_eval.models import LoadedLM
     if isinstance(target, LoadedLM): return target.tokenizer
@@ -121,6 +125,7 @@ def generate_answers(target,                 # model spec, LoadedLM or AdaptedSp
                          top_p=top_p, system=system, batch_size=cfg.get("paraphrase_batch_size", 8),
                          device=cfg.get("device", "auto"), desc=desc)
 
+# %% ../nbs/11_paraphrase.ipynb #a56b88e0
 @lru_cache(maxsize=2)
 def _vllm_engine(model: str, lora: bool):
     from vllm import LLM
@@ -174,12 +179,14 @@ def resolve_adapter(adapter: str) -> Path:
         why = "offline and not in the hub cache" if offline_mode() else f"{type(e).__name__}: {e}"
         raise ComponentUnavailable(f"StealthRL adapter {adapter!r} cannot be loaded ({why})") from None
 
+# %% ../nbs/11_paraphrase.ipynb #11d0459f
 def adapter_spec(base: str, adapter: str, device: str = "auto") -> AdaptedSpec:
     "Base spec + adapter folder + identity `base_identity+lora:<hash of the adapter files>` (nothing is loaded)."
     from stealth_eval.models import _local_identity, lm_identity
     folder = resolve_adapter(adapter)
     return AdaptedSpec(base, str(folder), f"{lm_identity(base, device=device)}+lora:{_local_identity(folder)}")
 
+# %% ../nbs/11_paraphrase.ipynb #434098db
 @lru_cache(maxsize=2)
 def load_adapted_lm(base: str, adapter: str, device: str = "auto"):
     "A LoadedLM of `base` with the peft LoRA adapter applied (a fresh copy of the base weights)."
@@ -210,6 +217,7 @@ def log_generations(cfg: dict, records: list):
     with open(path, "a", encoding="utf-8") as f:
         for r in new: f.write(json.dumps(r, ensure_ascii=False) + "\n")
 
+# %% ../nbs/11_paraphrase.ipynb #940f50c1
 def paraphrase_pool(items: list,             # records with id, text (and dataset)
                     cfg: dict, cache,
                     target,                  # model spec, LoadedLM or AdaptedSpec
@@ -273,6 +281,7 @@ def select_most_similar(valid: list, sims: list) -> tuple:
     best = max(ok, key=lambda i: (sims[i], -i))
     return best, {"selection": "max_similarity", "n_valid": len(ok), "sim": sims[best]}
 
+# %% ../nbs/11_paraphrase.ipynb #6026e88a
 def select_guided(valid: list, sims: list, scores: list, min_sim: float) -> tuple:
     "Lowest AI score among valid candidates with similarity ≥ min_sim; else the most similar valid one (fallback)."
     ok = [i for i, v in enumerate(valid) if v and scores[i] is not None and math.isfinite(scores[i])]
@@ -286,6 +295,7 @@ def select_guided(valid: list, sims: list, scores: list, min_sim: float) -> tupl
     return best, {"selection": f"fallback: no candidate with sim >= {min_sim:g}, most similar", "n_valid": len(ok),
                   "n_pass_sim": 0, "sim": sims[best], "guide_score": scores[best], "fallback": True}
 
+# %% ../nbs/11_paraphrase.ipynb #8817d5b5
 def budget_outputs(cands: list, ns: list, select, setting) -> list:
     "One output per budget N: `select(first_n_indices)` picks among the first N; chosen first, the rest in pool order."
     outs = []
@@ -303,6 +313,7 @@ def paraphraser_of(cfg: dict) -> str:
     "The instruct LM of M1/M2/M3: `cfg['paraphraser']`, else the profile's generator."
     return cfg.get("paraphraser") or cfg["generator"]
 
+# %% ../nbs/11_paraphrase.ipynb #510ef5fd
 def _validity(texts: list, source: str, cfg: dict) -> list:
     v = cfg.get("validity", {"min_words": 10, "max_len_ratio": 3.0})
     return [text_validity(t, v["min_words"], source, v["max_len_ratio"])[0] for t in texts]
@@ -316,6 +327,7 @@ def pool_similarities(items: list, pools: list, cfg: dict, cache) -> list:
     for p in pools: out.append(flat[k:k + len(p)]); k += len(p)
     return out
 
+# %% ../nbs/11_paraphrase.ipynb #69732576
 def sample_and_select(items: list, cfg: dict, cache, target, pool: str, **gen) -> list:
     "Pool of max(N) candidates per item, one output per budget N chosen by the no-detector rule."
     ns = cfg["n_candidates"]
@@ -329,12 +341,14 @@ def sample_and_select(items: list, cfg: dict, cache, target, pool: str, **gen) -
                                   lambda n: f"N={n}"))
     return out
 
+# %% ../nbs/11_paraphrase.ipynb #24c5cf83
 def method_m1(items: list, cfg: dict, cache) -> list:
     "M1 simple paraphrase: the instruct LM with StealthRL's prompt, best-of-N by similarity."
     return sample_and_select(items, cfg, cache, paraphraser_of(cfg), pool="m1")
 METHODS.register(FunctionMethod(name="m1", fn=method_m1, color="C0", model_keys=("paraphraser",),
                                  reference="plain paraphrase (the instruct LM with StealthRL's prompt), best-of-N by similarity"))
 
+# %% ../nbs/11_paraphrase.ipynb #cc4c3c78
 def method_m2(items: list, cfg: dict, cache) -> list:
     "M2 StealthRL: the same path with the LoRA adapter `cfg['stealthrl_adapter']` (skipped without one)."
     adapter = cfg.get("stealthrl_adapter")
@@ -346,6 +360,7 @@ METHODS.register(FunctionMethod(name="m2", fn=method_m2, color="C1", model_keys=
 
 AUTHORMIST_MODEL = "authormist/authormist-originality"
 
+# %% ../nbs/11_paraphrase.ipynb #111229af
 def method_m4(items: list, cfg: dict, cache) -> list:
     "M4 AuthorMist: the published model with its card's prompt (skipped with the reason when it cannot load)."
     from stealth_eval.models import available_offline, load_causal_lm, offline_mode
@@ -374,6 +389,7 @@ def rank_scale(values: list) -> list:
         i = j + 1
     return [x / (n - 1) if n > 1 else 0.0 for x in r]
 
+# %% ../nbs/11_paraphrase.ipynb #340ecc5c
 def select_ensemble(valid: list, sims: list, member_scores: list, min_sim: float) -> tuple:
     "Guided selection on the mean of the members' rank-scaled scores among the valid candidates passing the similarity."
     ok = [i for i, v in enumerate(valid) if v and all(s[i] is not None and math.isfinite(s[i]) for s in member_scores)]
@@ -407,6 +423,7 @@ def guide_detectors(cfg: dict) -> tuple:
         else: dets[g] = det
     return dets, why, guides, members
 
+# %% ../nbs/11_paraphrase.ipynb #1b4ce5e6
 def guide_scores(det, texts: list, cfg: dict, cache) -> list:
     "AI scores (higher = more AI) of `texts` by a registry detector, exactly as it scores them when deployed."
     stats = det.compute(texts, cfg, cache) if texts else {}
@@ -417,6 +434,7 @@ def guide_scores(det, texts: list, cfg: dict, cache) -> list:
         out.append(det.direction * raw if math.isfinite(raw) else None)
     return out
 
+# %% ../nbs/11_paraphrase.ipynb #725ba087
 def method_m3(items: list, cfg: dict, cache) -> list:
     "M3 Adversarial Paraphrasing: guided selection from M1's pool per guidance rule and budget (+ token-guided decoding)."
     ns, min_sim = cfg["n_candidates"], cfg.get("m3_min_sim", 0.90)
@@ -503,6 +521,7 @@ def token_guided_generate(lm,                       # LoadedLM (the paraphraser)
             ids = torch.tensor([[nxt]], device=lm.device)
     return new
 
+# %% ../nbs/11_paraphrase.ipynb #c53e19ce
 @contextmanager
 def _quiet_progress():
     old = os.environ.get("STEALTH_EVAL_PROGRESS")

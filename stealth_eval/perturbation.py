@@ -55,6 +55,7 @@ def perturbation_params(cfg: dict) -> dict:
     if unknown: raise StealthEvalError(f"unknown perturbation settings {unknown}; known: {', '.join(PERTURBATION_DEFAULTS)}")
     return {**PERTURBATION_DEFAULTS, **over}
 
+# %% ../nbs/21_perturbation.ipynb #6cca406d
 def perturbation_scorer(cfg: dict) -> str:
     "The LM that scores DetectGPT's and NPR's texts: `perturbation.scoring_model`, else the panel's `scoring_model`."
     return perturbation_params(cfg)["scoring_model"] or cfg["scoring_model"]
@@ -81,6 +82,7 @@ def mask_spans(text: str, span_length: int, pct: float, buffer_size: int, seed: 
             placed += 1
     return tokens
 
+# %% ../nbs/21_perturbation.ipynb #5cbed647
 def apply_fills(tokens: list, fills: list) -> str | None:
     "Replace the masks, in order, by `fills`; None when there are fewer fills than masks (a failed fill)."
     n = sum(t is MASK for t in tokens)
@@ -88,6 +90,7 @@ def apply_fills(tokens: list, fills: list) -> str | None:
     it = iter(fills)
     return " ".join(next(it) if t is MASK else t for t in tokens)
 
+# %% ../nbs/21_perturbation.ipynb #7f059dee
 def masked_words(text: str, tokens: list, span_length: int) -> list:
     "The (start, words) of each masked span in the original text (to check the rule)."
     words, out, i = text.split(" "), [], 0
@@ -107,11 +110,13 @@ def t5_masked_text(tokens: list) -> str:
         else: out.append(t)
     return " ".join(out)
 
+# %% ../nbs/21_perturbation.ipynb #dc102bb3
 def extract_t5_fills(decoded: str) -> list:
     "The fills in a decoded T5 output: the stripped strings between consecutive sentinels."
     s = decoded.replace("<pad>", "").replace("</s>", "").strip()
     return [f.strip() for f in _SENTINEL.split(s)[1:-1]]
 
+# %% ../nbs/21_perturbation.ipynb #c0258e47
 @lru_cache(maxsize=2)
 def load_t5(spec: str, device: str = "auto"):
     "A T5 span filler (hub id or local folder) and its tokenizer, memoised; `(model, tokenizer, identity, device)`."
@@ -131,6 +136,7 @@ def load_t5(spec: str, device: str = "auto"):
     ident = f"{p.name}@local:{_local_identity(p)}" if p.is_dir() else f"{spec}@{getattr(model.config, '_commit_hash', None)}"
     return model.to(device).eval(), tok, ident, device
 
+# %% ../nbs/21_perturbation.ipynb #7f1394c1
 def t5_fill(t5, jobs: list, seeds: list, top_p: float = 1.0, max_length: int = 150, batch_size: int = 16) -> list:
     "For each masked token list, the fills sampled by T5 (a list, possibly shorter than the masks: a failed fill)."
     import torch
@@ -294,6 +300,7 @@ def filler_identity(mode: str, cfg: dict) -> str:
     q = Path(spec).expanduser()
     return f"{q.name}@local:{_local_identity(q)}" if q.is_dir() else load_t5(spec, cfg["device"])[2]
 
+# %% ../nbs/21_perturbation.ipynb #a5203f1e
 def _fit_words(text: str, tok, max_tokens: int) -> tuple:
     "The longest prefix of whole words (split on ' ') with at most `max_tokens` tokens, and whether it was cut."
     if len(tok(text).input_ids) <= max_tokens: return text, False
@@ -389,6 +396,7 @@ def proxihuman_distance(e_x, e_p, k: int) -> float:
     k = min(int(k), len(d))
     return float(np.sort(d)[:k].mean())
 
+# %% ../nbs/21_perturbation.ipynb #4a4a4475
 def proxihuman_scores(texts: list, mode: str, cfg: dict, cache: Cache) -> dict:
     "sha256(text) -> {'proxihuman', 'n_perturbed', 'n_tokens_input', 'truncated'} (or None)."
     from stealth_eval.detectors import score_texts
@@ -453,6 +461,8 @@ _DGPT_D = "Mitchell et al. 2023 (DetectGPT, perturbation discrepancy, unnormalis
 _NPR = "Su et al. 2023 (DetectLLM NPR: mean perturbed log-rank / log-rank)"
 _PH = "Statistical Turing test paper (ProxiHuman: mean cosine distance to the k nearest perturbed neighbours)"
 _LM = "; spans filled left to right by a causal LM, not T5"
+
+# %% ../nbs/21_perturbation.ipynb #948a80ee
 def _pd(name, family, stat, direction, reference, filler):
     return DETECTORS.register(PerturbationDetector(name=name, family=family, stat=stat, direction=direction,
                                                    reference=reference, filler=filler))

@@ -102,6 +102,7 @@ def real_config(name: str) -> dict:
     c = REAL_CONFIGS[name]
     return copy.deepcopy(REAL_CONFIGS[c] if isinstance(c, str) else c)
 
+# %% ../nbs/06_rehearsal.ipynb #f3cb2340
 def model_config(name: str, scale: str = "full", token_ids: dict | None = None):
     "A transformers config of `name` at `scale` ('full': the real shape; 'reduced': small width and depth, same vocab)."
     from transformers import AutoConfig
@@ -112,6 +113,7 @@ def model_config(name: str, scale: str = "full", token_ids: dict | None = None):
     d.update(token_ids or {})
     return AutoConfig.for_model(kind, **d)
 
+# %% ../nbs/06_rehearsal.ipynb #5e1d8b93
 def count_params(name: str, scale: str = "full") -> int:
     "Parameters of the model (tied weights once), counted on the meta device: nothing is allocated."
     import torch, transformers
@@ -192,6 +194,7 @@ SHARED_WEIGHTS = {"falcon-7b-instruct": "falcon-7b"}   # same random tensors (ha
 
 def rehearsal_dir(scale: str) -> Path: return user_cache_dir() / "rehearsal" / scale
 
+# %% ../nbs/06_rehearsal.ipynb #accb597a
 def _token_ids(kind: str, tok) -> dict:
     "Config token ids pointing at the offline tokenizer's special tokens."
     if kind == "chat": return {"bos_token_id": tok.pad_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
@@ -251,6 +254,7 @@ def build_rehearsal_model(name: str, folder, scale: str = "full", seed: int = 0,
         if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
+# %% ../nbs/06_rehearsal.ipynb #304018cb
 def build_rehearsal_models(folder=None,                 # default: user_cache_dir()/rehearsal/<scale>
                            scale: str = "full", seed: int = 0, names=None) -> dict:
     "Build (or reuse) the random-weight stand-ins; {name: folder}."
@@ -283,6 +287,7 @@ def rehearsal_scale(scale: str = "auto", device: str = "auto") -> str:
     from stealth_eval.models import resolve_device
     return "full" if resolve_device(device).startswith("cuda") else "reduced"
 
+# %% ../nbs/06_rehearsal.ipynb #75e46eae
 def rehearsal_config(cfg: dict, overrides: dict | None = None) -> dict:
     "The rehearsal profile made concrete: stand-ins built and swapped in, CPU sample sizes when reduced."
     ov = dict(overrides or {})
@@ -303,6 +308,7 @@ def banner(width: int = 72) -> str:
     bar = "#" * max(width, len(line) + 4)
     return "\n".join([bar, line.ljust(len(bar) - 2) + "##", bar])
 
+# %% ../nbs/06_rehearsal.ipynb #9de8a833
 def watermark(fig):
     "Stamp a matplotlib figure as a rehearsal: a diagonal watermark and a line in the title area."
     fig.text(0.5, 0.5, "REHEARSAL\nrandom weights", ha="center", va="center", rotation=30, fontsize=40,
@@ -310,6 +316,7 @@ def watermark(fig):
     fig.text(0.5, 0.995, BANNER, ha="center", va="top", fontsize=9, color="red", weight="bold", transform=fig.transFigure)
     return fig
 
+# %% ../nbs/06_rehearsal.ipynb #5b8564b5
 def mark_text_artifacts(out) -> list:
     "Open every markdown/LaTeX table and qual_examples.md of a run folder with the banner; return the files marked."
     out, done = Path(out), []
@@ -482,6 +489,7 @@ def rehearsal_report(info: dict, cfg: dict, model_rows: list) -> str:
               "not a cost estimate."]
     return "\n".join(lines) + "\n"
 
+# %% ../nbs/06_rehearsal.ipynb #6fa73f21
 def finish_rehearsal(out, cfg: dict, info: dict) -> dict:
     "After a rehearsal run: measure each model on the run's texts, write rehearsal_report.md, update `info`."
     out = Path(out)

@@ -34,10 +34,12 @@ def md_to_html(text: str) -> str:
 _CDN_SCRIPT = re.compile(r"<script\b[^>]*\bsrc=[\"']https?://[^\"']*[\"'][^>]*>\s*</script>", re.I)
 _CDN_MODULE = re.compile(r"<script\b[^>]*>(?:(?!</script>).)*?https?://cdnjs\.(?:(?!</script>).)*?</script>", re.I | re.S)
 
+# %% ../nbs/50_report.ipynb #bbf8d779
 def strip_remote_scripts(doc: str) -> str:
     "Remove <script> tags that load code from the network (the site must work offline)."
     return _CDN_MODULE.sub("", _CDN_SCRIPT.sub("", doc))
 
+# %% ../nbs/50_report.ipynb #d4090423
 def notebook_html(path) -> str:
     "An executed notebook as a standalone HTML page (nbconvert's lab template, images embedded, no remote scripts)."
     from nbconvert import HTMLExporter
@@ -67,16 +69,19 @@ def nav_bar(pages: list, current: str) -> str:
     links = "".join(f'<a href="{html.escape(f)}"{" class=current" if f == current else ""}>{html.escape(t)}</a>' for f, t in pages)
     return f'<nav class="se-nav">{links}</nav>'
 
+# %% ../nbs/50_report.ipynb #d4edafa2
 def page(title: str, body: str, pages: list, current: str) -> str:
     "A standalone HTML page with the site's style and navigation."
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             f'<style>{SITE_CSS}</style></head><body>{nav_bar(pages, current)}<main class="se-main">{body}</main></body></html>\n')
 
+# %% ../nbs/50_report.ipynb #902aee4c
 def with_nav(doc: str, pages: list, current: str) -> str:
     "Insert the site's style and navigation bar into a full HTML document (an nbconvert page)."
     doc = doc.replace("</head>", f"<style>{SITE_CSS}</style></head>", 1)
     return re.sub(r"<body[^>]*>", lambda m: m.group(0) + nav_bar(pages, current), doc, count=1)
 
+# %% ../nbs/50_report.ipynb #45754288
 def notebook_title(path) -> str:
     "The first Markdown heading of a notebook, else its file name."
     nb = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -102,6 +107,7 @@ def figure_caption(name: str) -> str:
     key = max((k for k in FIGURE_CAPTIONS if stem.startswith(k)), key=len, default=None)
     return FIGURE_CAPTIONS.get(key, stem)
 
+# %% ../nbs/50_report.ipynb #65d0e0c7
 def _fig_rank(name: str) -> tuple:
     stem = Path(name).stem
     return (next((i for i, k in enumerate(FIGURE_ORDER) if stem.startswith(k)), len(FIGURE_ORDER)), stem)
@@ -135,6 +141,7 @@ def headline(out: Path) -> str:
                  f"executed notebooks in notebooks/)")
     return "\n".join(lines)
 
+# %% ../nbs/50_report.ipynb #58eda37a
 def index_body(run: Path, figures: list, tables: list) -> str:
     "The index page's HTML body: facts, headline, figures, notes, tables, configuration."
     run = Path(run)
@@ -168,6 +175,7 @@ def run_notebooks(run) -> list:
     nbs = sorted(Path(run, "notebooks").glob("*.ipynb"))
     return sorted(nbs, key=lambda p: (PIPELINE.index(p.stem) if p.stem in PIPELINE else len(PIPELINE), p.name))
 
+# %% ../nbs/50_report.ipynb #ae0eb230
 def build_site(run_dir, site_dir=None) -> Path:
     "Write the report site of a run (default RUN/site/); return the site folder."
     run = Path(run_dir)
@@ -205,6 +213,7 @@ def local_targets(doc: str) -> list:
     p = _Links(); p.feed(doc)
     return [(t, v) for t, v in p.targets if not re.match(r"^(?:[a-z][a-z0-9+.-]*:|#|//)", v, re.I)]
 
+# %% ../nbs/50_report.ipynb #3c5e759b
 def missing_resources(site_dir) -> dict:
     "{page: [missing local targets]} over every .html page of a site (empty when every target exists)."
     from urllib.parse import unquote, urlsplit
@@ -215,12 +224,14 @@ def missing_resources(site_dir) -> dict:
         if miss: out[pg.name] = miss
     return out
 
+# %% ../nbs/50_report.ipynb #7fabd614
 def find_chromium() -> str | None:
     "Path of a Chromium/Chrome binary ($STEALTH_EVAL_CHROMIUM, /usr/bin/chromium, then PATH), or None."
     for c in [os.environ.get("STEALTH_EVAL_CHROMIUM"), "/usr/bin/chromium"]:
         if c and Path(c).is_file() and os.access(c, os.X_OK): return c
     return next((p for n in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable") if (p := shutil.which(n))), None)
 
+# %% ../nbs/50_report.ipynb #46c5b796
 def screenshot(html_file, png, chromium: str | None = None, size=(1280, 2400), timeout: int = 180) -> Path:
     "Render a local page in headless Chromium and write a PNG screenshot."
     chromium = chromium or find_chromium()

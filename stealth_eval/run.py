@@ -73,10 +73,12 @@ def check_offline(cfg: dict):
 
 DATASET_SUFFIXES = (".jsonl", ".csv", ".parquet")
 
+# %% ../nbs/90_run.ipynb #d3fc4568
 class RunInterrupted(Exception):
     "Ctrl-C during a stage (`stage` names it)."
     def __init__(self, stage: str): super().__init__(stage); self.stage = stage
 
+# %% ../nbs/90_run.ipynb #048b9971
 def check_dataset_args(datasets):
     "Refuse a dataset argument that looks like a file of a type that is not read (`.json`, `.txt`, ...)."
     from stealth_eval.data import DATASETS
@@ -86,6 +88,7 @@ def check_dataset_args(datasets):
             raise StealthEvalError(f"{d}: unsupported dataset file type {suffix!r}; dataset files are read as "
                                    f"{', '.join(DATASET_SUFFIXES)}; dataset names: {', '.join(DATASETS.names())}")
 
+# %% ../nbs/90_run.ipynb #2f7bacab
 def usable_dir(path, flag: str) -> Path:
     "`path` as a writable folder (created if missing), or a one-line error naming the flag."
     import os
@@ -96,6 +99,7 @@ def usable_dir(path, flag: str) -> Path:
     if not os.access(path, os.W_OK | os.X_OK): raise StealthEvalError(f"{flag} {path}: not writable")
     return path
 
+# %% ../nbs/90_run.ipynb #d3110bd8
 def kernel_problem(e: Exception):
     "A one-line explanation when `e` says the Jupyter kernel that runs a stage could not start or died, else None."
     name, msg = type(e).__name__, (str(e).strip().splitlines() or [""])[0]
@@ -107,6 +111,7 @@ def kernel_problem(e: Exception):
                 f"and that `{sys.executable} -m ipykernel_launcher --version` works")
     return None
 
+# %% ../nbs/90_run.ipynb #f309903b
 def _stage_status(info: dict, out: Path, nb: str, status: str, t0: float, error: str | None = None):
     info["stages"][nb] = {"status": status, "seconds": round(time.time() - t0, 1), **({"error": error} if error else {})}
     write_json(out / "run_info.json", info)
@@ -219,6 +224,7 @@ def cache_report(rep: dict) -> str:
     if "removed" in rep: lines.append(f"removed {len(rep['removed'])} file(s)")
     return "\n".join(lines)
 
+# %% ../nbs/90_run.ipynb #3ef51282
 def cache_main(argv) -> int:
     "`stealth-eval cache verify|prune`: check a content store (exit 1 if entries fail) or delete what fails."
     from stealth_eval.core import prune_store, resolve_path, user_cache_dir, verify_store

@@ -36,6 +36,7 @@ def kgw_zscore(ids: list, params: dict, model_config, detector=None) -> dict | N
     return {"kgw_z": float(out.z_score[0]), "kgw_green": int(out.num_green_tokens[0]), "kgw_scored": int(out.num_tokens_scored[0]),
             "kgw_green_fraction": float(out.green_fraction[0])}
 
+# %% ../nbs/22_supervised_watermark.ipynb #31cbb768
 def kgw_detector(params: dict, model_config):
     "`transformers.WatermarkDetector` for these parameters, on the CPU (where the green lists were drawn)."
     from transformers import WatermarkDetector
@@ -56,6 +57,7 @@ def generator_tokenizer_config(spec: str, trust_remote_code: bool = False) -> tu
     kw = dict(trust_remote_code=trust_remote_code, local_files_only=offline_mode())
     return AutoTokenizer.from_pretrained(src, **kw), AutoConfig.from_pretrained(src, **kw).get_text_config()
 
+# %% ../nbs/22_supervised_watermark.ipynb #76b7898f
 def kgw_score_texts(texts: list, cfg: dict, cache: Cache) -> dict:
     "sha256(text) -> KGW statistics (or None) under the run's watermark key, cached by content."
     from stealth_eval.models import lm_identity
@@ -73,6 +75,7 @@ def kgw_score_texts(texts: list, cfg: dict, cache: Cache) -> dict:
         return out
     return cache.by_text("kgw", texts, compute, tokenizer=ident, params=keyp, version="kgw-v1")
 
+# %% ../nbs/22_supervised_watermark.ipynb #cd45274b
 @dataclass(frozen=True, kw_only=True)
 class KGWDetector(Detector):
     "KGW watermark z-score (Kirchenbauer et al. 2023) with the generator's tokenizer and the run's key."
@@ -131,6 +134,7 @@ def classifier_config(spec: str, trust_remote_code: bool = False):
     from stealth_eval.models import offline_mode
     return AutoConfig.from_pretrained(_classifier_source(spec), trust_remote_code=trust_remote_code, local_files_only=offline_mode())
 
+# %% ../nbs/22_supervised_watermark.ipynb #af9d59be
 def classifier_identity(spec: str, trust_remote_code: bool = False) -> str:
     "name@local:<weight hash> for a folder, id@<commit> for a hub model (from its config, no weights loaded)."
     from stealth_eval.models import _local_identity
@@ -138,6 +142,7 @@ def classifier_identity(spec: str, trust_remote_code: bool = False) -> str:
     if p.is_dir(): return f"{p.name}@local:{_local_identity(p)}"
     return f"{spec}@{getattr(classifier_config(spec, trust_remote_code), '_commit_hash', None) or 'unknown-revision'}"
 
+# %% ../nbs/22_supervised_watermark.ipynb #d5774f24
 def classifier_max_tokens(config, tokenizer) -> int:
     "The longest input (special tokens included): positions, less RoBERTa's padding offset, capped by the tokenizer."
     n = int(getattr(config, "max_position_embeddings", None) or 512)
@@ -146,6 +151,7 @@ def classifier_max_tokens(config, tokenizer) -> int:
     if tokenizer.model_max_length and tokenizer.model_max_length < 1_000_000: n = min(n, int(tokenizer.model_max_length))
     return n
 
+# %% ../nbs/22_supervised_watermark.ipynb #fa7176e2
 @lru_cache(maxsize=2)
 def load_sequence_classifier(spec: str, device: str = "auto", trust_remote_code: bool = False) -> tuple:
     "(model, tokenizer, device) of a sequence classifier (safetensors only; memoised)."
@@ -163,11 +169,13 @@ def load_sequence_classifier(spec: str, device: str = "auto", trust_remote_code:
         raise StealthEvalError(f"could not load classifier {spec!r}: {e}") from e
     return model.to(device).eval(), tok, device
 
+# %% ../nbs/22_supervised_watermark.ipynb #7cf1be34
 def classify_texts(texts: list, spec: str, cfg: dict, cache: Cache) -> dict:
     "sha256(text) -> {'probs', 'n_tokens_input', 'truncated'} (or None), in device batches shaped by length, cached by content."
     ident = classifier_identity(spec, cfg["trust_remote_code"])
     return cache.by_text("classifier", texts, lambda todo: _classify(todo, spec, cfg), model=ident, version="clf-v2")
 
+# %% ../nbs/22_supervised_watermark.ipynb #5e23f2aa
 def _classify(todo: list, spec: str, cfg: dict) -> list:
     "The classifier's output for each text of `todo` (None for a text with no tokens of its own), in device batches."
     import torch
@@ -260,6 +268,7 @@ def embed_texts(texts: list, spec: str, cfg: dict, cache: Cache) -> dict:
         return [[float(x) for x in e] for b in range(0, len(todo), 64) for e in emb.encode(todo[b:b + 64])]
     return cache.by_text("embedding", texts, compute, model=ident)
 
+# %% ../nbs/22_supervised_watermark.ipynb #6c399c46
 def offline_features(texts: list, cfg: dict, cache: Cache) -> tuple:
     "(feature names, sha256(text) -> (vector or None, panel stats)): embedding + LM panel statistics."
     from stealth_eval.detectors import score_texts
@@ -289,12 +298,14 @@ def fit_logistic(X, y, C: float = 1.0, max_iter: int = 2000) -> dict:
     return {"mean": mean.tolist(), "scale": scale.tolist(), "coef": clf.coef_[0].tolist(),
             "intercept": float(clf.intercept_[0]), "n_iter": int(clf.n_iter_[0]), "C": C}
 
+# %% ../nbs/22_supervised_watermark.ipynb #3f104508
 def predict_logistic(m: dict, X) -> np.ndarray:
     "P(AI) of each row under a model from `fit_logistic`."
     from scipy.special import expit
     z = ((np.asarray(X, dtype=np.float64) - np.asarray(m["mean"])) / np.asarray(m["scale"])) @ np.asarray(m["coef"]) + m["intercept"]
     return expit(z)
 
+# %% ../nbs/22_supervised_watermark.ipynb #86c2f25e
 def cv_auroc(X, y, C: float = 1.0, folds: int = 5, seed: int = 0) -> float | None:
     "Cross-validated AUROC of `fit_logistic` on the training set (stratified folds, seeded); None if too small."
     from sklearn.metrics import roc_auc_score
@@ -334,6 +345,7 @@ def training_set(cfg: dict, exclude: set = frozenset()) -> tuple:
     keep.sort(key=lambda r: (r[1], sha256_text(r[0])))
     return [t for t, _ in keep], [int(l == "ai") for _, l in keep], counts
 
+# %% ../nbs/22_supervised_watermark.ipynb #ff8cd382
 @dataclass(frozen=True, kw_only=True)
 class OfflineClassifier(Detector):
     "Logistic regression on embedding + LM features, trained on the run's training split (disjoint from evaluation)."
@@ -371,6 +383,7 @@ class OfflineClassifier(Detector):
 
 CLASSIFIER_OFFLINE = DETECTORS.register(OfflineClassifier())
 
+# %% ../nbs/22_supervised_watermark.ipynb #ca93e088
 def train_and_score_offline(texts: list, cfg: dict, cache: Cache) -> dict:
     "Fit (or fetch) the offline classifier on the training split, save it with the run, and score `texts`."
     import sklearn

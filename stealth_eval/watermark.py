@@ -26,6 +26,7 @@ def watermark_params(cfg: dict) -> dict:
     return {"gamma": float(p["gamma"]), "delta": float(p["delta"]), "seeding_scheme": p["seeding_scheme"],
             "key": int(p["key"]), "context_width": int(p["context_width"])}
 
+# %% ../nbs/07_watermark.ipynb #1127d438
 def _hf_watermark_args(p: dict, bias: float | None = None) -> dict:
     "Our parameter names -> the keyword arguments of `transformers`' watermark classes."
     return {"greenlist_ratio": p["gamma"], "bias": p["delta"] if bias is None else bias, "hashing_key": p["key"],
