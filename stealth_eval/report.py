@@ -22,8 +22,8 @@ from .core import StealthEvalError, atomic_write_text, read_json
 # %% auto #0
 __all__ = ['SITE_CSS', 'FIGURE_CAPTIONS', 'FIGURE_ORDER', 'md_to_html', 'strip_remote_scripts', 'notebook_html', 'nav_bar',
            'page', 'with_nav', 'notebook_title', 'figure_caption', 'headline', 'index_body', 'run_notebooks',
-           'build_site', 'local_targets', 'missing_resources', 'find_chromium', 'screenshot', 'explorer_data',
-           'explore']
+           'build_site', 'library_notebooks', 'sidebar_yml', 'build_docs', 'local_targets', 'missing_resources',
+           'find_chromium', 'screenshot', 'explorer_data', 'explore']
 
 # %% ../nbs/50_report.ipynb #48edf3a5
 def md_to_html(text: str) -> str:
@@ -198,6 +198,32 @@ def build_site(run_dir, site_dir=None) -> Path:
         atomic_write_text(site / f"{p.stem}.html", with_nav(notebook_html(p), pages, f"{p.stem}.html"))
     for p in site.rglob("*"):
         if p.is_file(): p.chmod(0o644)                     # atomic writes create private files; a site is for reading
+    return site
+
+# %% ../nbs/50_report.ipynb #5f7a4f6b
+def library_notebooks(nbs_dir=None) -> list:
+    "Every notebook of the library (nbs/*.ipynb), the index first: each is one page of the documentation."
+    from stealth_eval.core import project_root
+    nbs = sorted(p for p in Path(nbs_dir or project_root() / "nbs").glob("*.ipynb") if not p.name.startswith("_"))
+    return sorted(nbs, key=lambda p: (p.stem != "index", p.name))
+
+# %% ../nbs/50_report.ipynb #be1110f7
+def sidebar_yml(nbs_dir=None) -> str:
+    "nbdev's `sidebar.yml` listing every notebook (what `nbdev_docs` renders with Quarto where it is installed)."
+    lines = ["website:", "  sidebar:", "    contents:"]
+    return "\n".join(lines + [f"      - {p.name}" for p in library_notebooks(nbs_dir)]) + "\n"
+
+# %% ../nbs/50_report.ipynb #baadfa6e
+def build_docs(site_dir, nbs_dir=None) -> Path:
+    """The library's documentation offline (no Quarto): one HTML page per notebook of nbs/, with the same navigation
+    as a run's report; `nbdev_docs` renders the same notebooks with Quarto where Quarto is installed."""
+    site = Path(site_dir); site.mkdir(parents=True, exist_ok=True)
+    nbs = library_notebooks(nbs_dir)
+    if not nbs: raise StealthEvalError(f"no notebooks in {nbs_dir or 'nbs/'}")
+    name = lambda p: "index.html" if p.stem == "index" else f"{p.stem}.html"
+    pages = [(name(p), "stealth-eval" if p.stem == "index" else f"{p.stem[:2]} {notebook_title(p)}" if p.stem[:2].isdigit() else notebook_title(p)) for p in nbs]
+    for p in nbs: atomic_write_text(site / name(p), with_nav(notebook_html(p), pages, name(p)))
+    for p in site.glob("*.html"): p.chmod(0o644)
     return site
 
 # %% ../nbs/50_report.ipynb #8ba4de0b

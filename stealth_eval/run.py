@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="stealth-eval", description="Evaluate paraphrase attacks against AI-text detectors "
                                 "and write paper artifacts (scores, quality, metrics with bootstrap CIs, figures, tables).",
                                 epilog="Other commands: `stealth-eval report [--out_dir RUN] [--site_dir DIR]` builds the HTML report "
-                                "site of a run (nbconvert, no Quarto); `stealth-eval readme` rewrites README.md from nbs/index.ipynb.")
+                                "site of a run (nbconvert, no Quarto); `stealth-eval docs [--site_dir DIR]` builds the library documentation "
+                                "offline (a page per notebook; default _docs/); `stealth-eval readme` rewrites README.md from nbs/index.ipynb.")
     p.add_argument("--profile", default="embedded", choices=list(PROFILES), help="defaults for models and sizes (default: embedded, offline)")
     p.add_argument("--datasets", nargs="+", metavar="NAME|FILE", help="dataset names or .jsonl/.csv/.parquet files (default: the profile's)")
     p.add_argument("--methods", nargs="+", metavar="NAME", help="attack methods (default: the profile's)")
@@ -268,6 +269,11 @@ def main(argv=None) -> int:
         print(f"wrote {project_root() / 'README.md'}")
         return EXIT_OK
     if argv[:1] == ["report"]: return report_main(argv[1:])
+    if argv[:1] == ["docs"]:   # the library's documentation offline: one page per notebook (nbdev_docs with Quarto)
+        from stealth_eval.report import build_docs
+        site = build_docs(argv[2] if argv[1:2] == ["--site_dir"] and len(argv) > 2 else project_root() / "_docs")
+        print(f"wrote {site / 'index.html'} ({len(list(site.glob('*.html')))} pages)")
+        return EXIT_OK
     if argv[:1] == ["cache"]: return cache_main(argv[1:])
     args = None
     try:

@@ -151,3 +151,17 @@ def test_a_plugin_detector_runs_end_to_end_through_the_cli(tmp_path):
     assert "type_token_ratio" in m["lee_news"] and "m0" in m["lee_news"]["type_token_ratio"]
     assert 0 <= m["lee_news"]["type_token_ratio"]["m0"]["auc"] <= 1
     assert (out / "figures" / "fig_heatmap_t1f.png").exists()
+
+
+def test_every_notebook_is_a_page_of_the_documentation(tmp_path):
+    "nbdev's sidebar (rendered by `nbdev_docs` with Quarto) and the offline builder list every notebook of nbs/."
+    from stealth_eval.report import build_docs, library_notebooks, sidebar_yml
+    nbs = library_notebooks()
+    assert {p.name for p in nbs} == {p.name for p in (ROOT / "nbs").glob("*.ipynb")} and nbs[0].stem == "index"
+    assert (ROOT / "nbs" / "sidebar.yml").read_text() == sidebar_yml(), "nbs/sidebar.yml is stale: run nbdev_sidebar"
+    assert (ROOT / "nbs" / "_quarto.yml").exists() and (ROOT / "nbs" / "nbdev.yml").exists()
+    p = run_cli("docs", "--site_dir", tmp_path / "docs")
+    pages = sorted(q.name for q in (tmp_path / "docs").glob("*.html"))
+    assert len(pages) == len(nbs) and "index.html" in pages and "01_components.html" in pages, p.stdout
+    html = (tmp_path / "docs" / "01_components.html").read_text()
+    assert "Registries filled at the definition" in html and "20_detectors.html" in html   # its prose, and the navigation
