@@ -13,12 +13,13 @@ import numpy as np
 from .core import Cache, get_logger, progress, read_jsonl, run_cache, sha256_text, stable_hash, write_json
 
 # %% auto #0
-__all__ = ['SHIELD_K', 'SHIELD_LAMBDA', 'QUALITY_COLS', 'QUANTILES', 'threshold_at_fpr', 'auroc_rows', 'tpr_rows',
-           'bootstrap_indices', 'detector_metrics', 'calibration_sets', 'condition_scores', 'compute_metrics',
-           'roc_counts_rows', 'wauroc_rows', 'youden_rows', 'sfd', 'urss', 'compute_shield', 'tau_rows',
-           'fit_youden_threshold', 'tau_cv', 'compute_tau', 'polish_level', 'compute_apt', 'beemo_version',
-           'compute_beemo', 'word_edit_rate', 'chrf', 'similarities', 'quality_sources', 'compute_quality',
-           'quality_summary', 'source_groups', 'output_polishers', 'run_metrics_stage', 'metrics_table', 'extra_tables']
+__all__ = ['SHIELD_K', 'SHIELD_LAMBDA', 'QUALITY_COLS', 'QUANTILES', 'TABLE_COLS', 'HIGHER_IS_BETTER', 'RESULT_FILES',
+           'threshold_at_fpr', 'auroc_rows', 'tpr_rows', 'bootstrap_indices', 'detector_metrics', 'calibration_sets',
+           'condition_scores', 'compute_metrics', 'roc_counts_rows', 'wauroc_rows', 'youden_rows', 'sfd', 'urss',
+           'compute_shield', 'tau_rows', 'fit_youden_threshold', 'tau_cv', 'compute_tau', 'polish_level', 'compute_apt',
+           'beemo_version', 'compute_beemo', 'word_edit_rate', 'chrf', 'similarities', 'quality_sources',
+           'compute_quality', 'quality_summary', 'metrics_long', 'metrics_json_from_table', 'sample_counts',
+           'results_info', 'source_groups', 'output_polishers', 'run_metrics_stage', 'metrics_table', 'extra_tables']
 
 # %% ../nbs/30_calibration_metrics.ipynb #57c2c967
 def threshold_at_fpr(h, alpha: float):
@@ -564,6 +565,7 @@ def compute_quality(cfg: dict, cache: Cache):
     q["sim"] = np.nan
     q.loc[ok, "sim"] = sims
     q["sim_model"] = cfg["embedder"]
+    q["sim_e5"] = q["sim"] if "e5" in str(cfg["embedder"]).lower() else np.nan   # the E5 cosine, when the embedder is an E5 model
     scored = q["valid"].to_numpy()
     stats = score_texts(q.loc[scored, "text_out"].tolist(), cfg["quality_lm"], cfg, cache) if scored.any() else {}
     q["ppl_score"] = [math.exp(-stats[sha256_text(t)]["ll"]) if v and stats.get(sha256_text(t)) else np.nan
@@ -572,7 +574,7 @@ def compute_quality(cfg: dict, cache: Cache):
     q["edit_rate"] = [word_edit_rate(s, o) if isinstance(s, str) and isinstance(o, str) else np.nan
                       for s, o in zip(q["source_text"], q["text_out"])]
     q["chrf"] = [chrf(s, o) if isinstance(s, str) and isinstance(o, str) else np.nan for s, o in zip(q["source_text"], q["text_out"])]
-    cols = ["sample_id", "dataset", "label", "method", "setting", "defense", "condition", "sim", "sim_model", "ppl_score",
+    cols = ["sample_id", "dataset", "label", "method", "setting", "defense", "condition", "sim", "sim_model", "sim_e5", "ppl_score",
             "ppl_model", "edit_rate", "chrf", "valid", "fail_reason"]
     return q[cols].sort_values(["dataset", "label", "condition", "sample_id"], kind="stable").reset_index(drop=True)
 
@@ -595,6 +597,197 @@ def quality_summary(q) -> dict:
         out.setdefault(ds, {})[c] = d
     return out
 
+# %% ../nbs/30_calibration_metrics.ipynb #ac0f81e7
+import json as _json
+import re as _re
+
+from .core import to_jsonable
+
+TABLE_COLS = ["family", "dataset", "detector", "aggregate", "condition", "method", "setting", "defense", "label", "group",
+              "scenario", "fpr_target", "metric", "value", "boot_mean", "ci_low", "ci_high", "has_ci", "n_human", "n_ai",
+              "n_invalid", "n_detectors", "higher_is_better", "detail"]
+_COUNTS = {"n_human": "n_human", "n_ai": "n_ai", "n_ai_invalid": "n_invalid", "n_invalid": "n_invalid", "n_human_invalid": "n_invalid",
+           "n_human_edited": "n_human", "n_detectors": "n_detectors", "n_neg": "n_human", "n_pos": "n_ai", "n_pos_invalid": "n_invalid",
+           "n": "n_human"}
+_FPR_BASES = ("delta_tpr", "tpr", "asr", "threshold", "fpr", "flag_rate", "n_flagged")
+_FPR_KEY = _re.compile(r"(?P<pre>" + "|".join(_FPR_BASES) + r")(?P<k>1|@[0-9.eE+-]+)(?P<post>_[a-z]+)?")
+HIGHER_IS_BETTER = {**dict.fromkeys(["auc", "tpr", "tpr_orig", "delta_tpr", "wauroc", "wauroc_mean", "youden_tpr", "youden_j",
+                                     "sfd", "urss", "tau", "tau_two_sided", "tau_cv"], True),
+                    **dict.fromkeys(["asr", "fpr_human", "fpr_achieved", "flag_rate", "fpr_neg", "sigma_fpr", "risk", "risk_cv"], False)}
+
+def _split_key(key: str) -> tuple:
+    "(metric, fpr_target) of a result-file key: 'tpr1_orig' -> ('tpr_orig', 0.01), 'asr' -> ('asr', 0.01), 'auc' -> ('auc', None)."
+    if key == "asr": return "asr", 0.01
+    m = _FPR_KEY.fullmatch(key)
+    if not m: return key, None
+    return m["pre"] + (m["post"] or ""), 0.01 if m["k"] == "1" else float(m["k"][1:])
+
+def _join_key(metric: str, fpr) -> str:
+    "The inverse of `_split_key`."
+    if fpr is None or (isinstance(fpr, float) and math.isnan(fpr)): return metric
+    k = _fpr_key(fpr)
+    if metric == "asr": return "asr" if k == "1" else f"asr{k}"
+    for post in ("_orig", "_human", "_neg"):
+        if metric.endswith(post) and metric[:-len(post)] in _FPR_BASES: return metric[:-len(post)] + k + post
+    return metric + k
+
+def _is_num(v) -> bool: return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+def _entry_rows(e: dict, base: dict, family: str, skip=(), fpr=None) -> list:
+    "Rows of one result entry (a dict of numbers, `x` with `x_mean, x_ci_low, x_ci_high`, counts and notes), in key order."
+    ci = [k for k in e if all(f"{k}{s}" in e for s in ("_mean", "_ci_low", "_ci_high"))]
+    member = {f"{k}{s}" for k in ci for s in ("_mean", "_ci_low", "_ci_high")}
+    cols, detail, nums = dict(base), {}, []
+    for k, v in e.items():
+        if k in skip or k in member or isinstance(v, dict): continue
+        if k in _COUNTS and _is_num(v): cols[_COUNTS[k]] = int(v)
+        elif _is_num(v): nums.append(k)
+        else: detail[k] = v
+    cols["detail"] = _json.dumps(to_jsonable(detail), ensure_ascii=False) if detail else None
+    rows = []
+    for k in nums:
+        metric, f = _split_key(k)
+        name = metric if family == "main" else f"{family}:{metric}"
+        has = k in ci
+        rows.append({**cols, "metric": name, "fpr_target": f if fpr is None else fpr, "value": float(e[k]), "has_ci": has,
+                     "boot_mean": float(e[f"{k}_mean"]) if has else None, "ci_low": float(e[f"{k}_ci_low"]) if has else None,
+                     "ci_high": float(e[f"{k}_ci_high"]) if has else None, "higher_is_better": HIGHER_IS_BETTER.get(metric)})
+    return rows
+
+def _frame(rows: list):
+    import pandas as pd
+    t = pd.DataFrame(rows, columns=TABLE_COLS)
+    for c in ("fpr_target", "value", "boot_mean", "ci_low", "ci_high"): t[c] = t[c].astype("float64")
+    for c in ("n_human", "n_ai", "n_invalid", "n_detectors"): t[c] = t[c].astype("Int64")
+    for c in ("has_ci", "higher_is_better"): t[c] = t[c].astype("boolean")
+    for c in set(TABLE_COLS) - {"fpr_target", "value", "boot_mean", "ci_low", "ci_high", "n_human", "n_ai", "n_invalid",
+                                "n_detectors", "has_ci", "higher_is_better"}:
+        t[c] = t[c].astype(object).where(t[c].notna(), None)
+    return t
+
+def metrics_long(scores, metrics: dict, thresholds: dict, shield: dict | None = None, tau: dict | None = None,
+                 apt: dict | None = None, beemo: dict | None = None):
+    "metrics.parquet: every number of thresholds/metrics.json and of the SHIELD, tau, APT-Eval and Beemo results as one long table."
+    s = scores.drop_duplicates(["dataset", "condition"])
+    facts = {(d, c): {"method": m, "setting": st, "defense": df} for d, c, m, st, df in
+             zip(s["dataset"], s["condition"], s["method"], s["setting"], s["defense"])}
+    def base(family, ds, det, cond=None, **kw):
+        agg = {"mean": "mean_over_detectors", "max": "max_over_detectors"}.get(det)
+        f = facts.get((ds, cond), {}) if cond is not None else {}
+        return {"family": family, "dataset": ds, "detector": None if agg else det, "aggregate": agg, "condition": cond,
+                "method": f.get("method"), "setting": f.get("setting"), "defense": kw.pop("defense", f.get("defense")), **kw}
+    rows = []
+    for ds, dd in metrics.items():
+        for det, by_def in thresholds.get(ds, {}).items():          # calibration: per (detector, defense, FPR target)
+            for defense, v in by_def.items():
+                b = base("main", ds, det, defense=defense, label="human")
+                if "threshold" in v:                                 # nothing to calibrate on: one row, threshold NaN
+                    rows += _entry_rows({**v, "threshold": float("nan") if v["threshold"] is None else v["threshold"]}, b, "main")
+                else:
+                    for e in v.values(): rows += _entry_rows(e, b, "main", skip=("fpr_target",), fpr=e["fpr_target"])
+        for det, cc in dd.items():
+            for cond, e in cc.items():
+                rows += _entry_rows(e, base("main", ds, det, cond, defense=e.get("defense"), label=e.get("label")), "main",
+                                    skip=("label", "defense"))
+    for ds, dd in (shield or {}).get("datasets", {}).items():
+        for det, d in dd.items():
+            for cond, e in d["conditions"].items():
+                rows += _entry_rows(e, base("shield", ds, det, cond, defense=e.get("defense"), label=e.get("label")), "shield", skip=("label", "defense"))
+                if "domains" in e: rows += _scenario_rows(e["domains"], base("shield", ds, det, cond, defense=e.get("defense"), group="domains_per_condition"))
+            for fam, F in d["families"].items():
+                rows += _scenario_rows(F, base("shield", ds, det, F.get("condition"), defense=F.get("defense"), group=fam))
+    for ds, dd in (tau or {}).get("datasets", {}).items():
+        for det, cc in dd.items():
+            for cond, e in cc.items(): rows += _entry_rows(e, base("tau", ds, det, cond, defense=e.get("defense"), label="ai"), "tau", skip=("defense",))
+    for ds, dd in (apt or {}).get("datasets", {}).items():
+        for det, cc in dd.items():
+            for cond, e in cc.items():
+                kind = {k: e[k] for k in ("polish", "level", "source")}
+                for p, x in e["by_polisher"].items():
+                    rows += _entry_rows({**kind, **x}, base("apt", ds, det, cond, defense=e.get("defense"), label="human", group=p), "apt")
+    for ds, dd in (beemo or {}).get("datasets", {}).items():
+        for det, cc in dd.items():
+            for task, e in cc.items(): rows += _entry_rows(e, base("beemo", ds, det, defense=e.get("defense"), group=task), "beemo", skip=("defense",))
+    return _frame(rows)
+
+def _scenario_rows(F: dict, b: dict) -> list:
+    "A SHIELD scenario family: its SFD, mean W-AUROC and URSS, then one row set per scenario."
+    rows = _entry_rows(F, b, "shield", skip=("defense", "condition"))
+    for name, sc in F.get("scenarios", {}).items(): rows += _entry_rows(sc, {**b, "scenario": name}, "shield")
+    return rows
+
+# %% ../nbs/30_calibration_metrics.ipynb #0ad7b85a
+def metrics_json_from_table(t) -> dict:
+    "metrics.json (spec §10.3: dataset -> detector | 'mean' -> condition -> numbers) from the `main` rows of `metrics_long`."
+    m = t[t["family"] == "main"]                         # (read back from parquet, a missing string is NaN, not None)
+    out = {}
+    for ds in m["dataset"].unique():
+        g = m[m["dataset"] == ds]
+        cal = g[g["condition"].isna()]                      # calibration rows: every detector, even one with nothing to report
+        out[ds] = {d: {} for d in cal["detector"].unique()}
+        if cal["fpr_target"].notna().any(): out[ds]["mean"] = {}   # some defense had human texts to calibrate on
+        for r in g[g["condition"].notna()].itertuples(index=False):
+            det = "mean" if r.aggregate == "mean_over_detectors" else r.detector
+            e = out[ds].setdefault(det, {}).get(r.condition)
+            if e is None:
+                e = out[ds][det][r.condition] = {"label": r.label, "defense": r.defense}
+                if isinstance(r.aggregate, str): e["n_detectors"] = int(r.n_detectors)
+                elif r.label == "human": e.update(n_human_edited=int(r.n_human), n_invalid=int(r.n_invalid))
+                else: e.update(n_human=int(r.n_human), n_ai=int(r.n_ai), n_ai_invalid=int(r.n_invalid))
+            k = _join_key(r.metric, r.fpr_target)
+            e[k] = float(r.value)
+            if r.has_ci: e.update({f"{k}_mean": float(r.boot_mean), f"{k}_ci_low": float(r.ci_low), f"{k}_ci_high": float(r.ci_high)})
+    return out
+
+# %% ../nbs/30_calibration_metrics.ipynb #284dd01a
+RESULT_FILES = {
+    "metrics.parquet": "the long table: one row per (family, dataset, detector | aggregate, condition, method, setting, defense, group, "
+                       "scenario, fpr_target, metric) with value, boot_mean, ci_low, ci_high, has_ci, n_human, n_ai, n_invalid, "
+                       "n_detectors, higher_is_better, detail; every file below but quality is a view of it",
+    "metrics.json": "spec §10.3, written from metrics.parquet: dataset -> detector | 'mean' (over detectors) -> condition -> "
+                    "{label, defense, counts, auc, tpr1, tpr1_orig, asr, delta_tpr1, threshold1, fpr1_human or flag_rate1, each "
+                    "number with _mean, _ci_low, _ci_high}",
+    "thresholds.json": "dataset -> detector -> defense -> 'fpr=<alpha>' -> {threshold, fpr_target, fpr_achieved, n_human, "
+                       "n_human_invalid, resolved, note}",
+    "metrics_shield.json": "{meta, datasets: dataset -> detector -> {conditions: condition -> W-AUROC, Youden FPR/TPR/J; families: "
+                           "family -> SFD, mean W-AUROC, URSS over its scenarios}}",
+    "metrics_tau.json": "{meta, datasets: dataset -> detector | 'max' -> condition -> tau (+CI), risk, two-sided and cross-validated tau}",
+    "metrics_apt.json": "{meta, datasets: dataset -> detector -> condition -> {polish, level, source, defense, by_polisher: polisher | "
+                        "'all' -> flag rates at the pure-human threshold}} (only with AI-polished human texts)",
+    "metrics_beemo.json": "{meta, datasets: dataset -> detector -> task[+defense] -> AUROC, TPR at the negatives' threshold} "
+                          "(only for Beemo-like datasets)",
+    "quality.parquet": "one row per AI output (candidate 0) and edited human text: sim, sim_model, sim_e5, ppl_score, ppl_model, "
+                       "edit_rate, chrf, valid, fail_reason",
+    "quality_summary.json": "dataset -> condition -> validity rate, failure reasons, mean, median and quantiles of each quality measure",
+}
+
+def sample_counts(scores) -> dict:
+    "dataset -> {label: number of unedited texts (m0, no setting, no defense, candidate 0)}."
+    s = scores[(scores["candidate_rank"] == 0) & (scores["method"] == "m0") & (scores["setting"].fillna("") == "") & (scores["defense"] == "none")]
+    return {ds: {lab: int(g.loc[g["label"] == lab, "sample_id"].nunique()) for lab in ("human", "ai")} for ds, g in s.groupby("dataset", sort=True)}
+
+def results_info(cfg: dict, table, scores) -> dict:
+    "results.json: the provenance of a run's results (configuration, versions, commit, data hashes, sample counts, files); no wall-clock time."
+    from stealth_eval.core import file_sha256, git_commit, package_versions, read_json
+    out = Path(cfg["out_dir"])
+    hib = table.dropna(subset=["higher_is_better"]).drop_duplicates("metric")
+    files = []
+    for name, desc in RESULT_FILES.items():
+        if not (out / name).exists(): continue
+        f = {"file": name, "description": desc}
+        if name.endswith(".parquet"):
+            import pyarrow.parquet as pq
+            meta = pq.read_metadata(out / name)
+            f.update(rows=int(meta.num_rows), columns=[c.name for c in pq.read_schema(out / name) if not c.name.startswith("__")])
+        files.append(f)
+    return {"config": read_json(out / "config.json") if (out / "config.json").exists() else cfg,
+            "versions": package_versions(), "git": git_commit(),
+            "data_sha256": {p.name: file_sha256(p) for p in sorted((out / "data").glob("*.jsonl"))},
+            "samples": sample_counts(scores),
+            "higher_is_better": {m: bool(v) for m, v in sorted(zip(hib["metric"], hib["higher_is_better"]))},
+            "higher_is_better_note": "from the detector's side: True = a higher value means better detection (an attack aims at the opposite)",
+            "files": files}
+
 # %% ../nbs/30_calibration_metrics.ipynb #523e0a7d
 def source_groups(out_dir) -> dict:
     "(dataset, sample_id) -> source_id from raw_outputs.jsonl (the grouping of tau's cross-validation)."
@@ -610,7 +803,7 @@ def output_polishers(out_dir) -> dict:
             if r.get("candidate_rank", 0) == 0 and isinstance(r.get("facts"), dict) and r["facts"].get("polisher")}
 
 def run_metrics_stage(cfg: dict, cache: Cache | None = None) -> dict:
-    "Write quality.parquet, quality_summary.json, thresholds.json, metrics.json and the SHIELD, tau, APT-Eval and Beemo files."
+    "Write quality.parquet, quality_summary.json, thresholds.json, metrics.parquet, metrics.json (from it), the SHIELD, tau, APT-Eval and Beemo files and results.json."
     import pandas as pd
     cache = cache or run_cache(cfg)
     out = Path(cfg["out_dir"])
@@ -620,13 +813,18 @@ def run_metrics_stage(cfg: dict, cache: Cache | None = None) -> dict:
     scores = pd.read_parquet(out / "scores.parquet")
     metrics, thresholds = compute_metrics(scores, cfg)
     write_json(out / "thresholds.json", thresholds)
+    shield, tau = compute_shield(scores, cfg), compute_tau(scores, cfg, source_groups(out))
+    apt, beemo = compute_apt(scores, cfg, output_polishers(out)), compute_beemo(scores, cfg)
+    table = metrics_long(scores, metrics, thresholds, shield, tau, apt, beemo)
+    table.to_parquet(out / "metrics.parquet", index=False)
+    metrics = metrics_json_from_table(table)                  # metrics.json is a view of the table
     write_json(out / "metrics.json", metrics)
-    write_json(out / "metrics_shield.json", compute_shield(scores, cfg))
-    write_json(out / "metrics_tau.json", compute_tau(scores, cfg, source_groups(out)))
-    for name, fn in (("metrics_apt.json", lambda s, c: compute_apt(s, c, output_polishers(out))), ("metrics_beemo.json", compute_beemo)):
-        r = fn(scores, cfg)
+    write_json(out / "metrics_shield.json", shield)
+    write_json(out / "metrics_tau.json", tau)
+    for name, r in (("metrics_apt.json", apt), ("metrics_beemo.json", beemo)):
         if r["datasets"]: write_json(out / name, r)
         elif (out / name).exists(): (out / name).unlink()      # a rerun without such data leaves no stale file
+    write_json(out / "results.json", results_info(cfg, table, scores))
     write_json(out / "cache_stats" / "30_calibration_metrics.json", cache.stats())
     return metrics
 
