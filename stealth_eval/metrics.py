@@ -10,16 +10,18 @@ from pathlib import Path
 
 import numpy as np
 
+from .components import DETECTORS, dataset_analyses
 from .core import Cache, get_logger, progress, read_jsonl, run_cache, sha256_text, stable_hash, write_json
+from .models import similarities
 
 # %% auto #0
 __all__ = ['SHIELD_K', 'SHIELD_LAMBDA', 'QUALITY_COLS', 'QUANTILES', 'TABLE_COLS', 'HIGHER_IS_BETTER', 'RESULT_FILES',
            'threshold_at_fpr', 'auroc_rows', 'tpr_rows', 'bootstrap_indices', 'detector_metrics', 'calibration_sets',
            'condition_scores', 'compute_metrics', 'roc_counts_rows', 'wauroc_rows', 'youden_rows', 'sfd', 'urss',
            'compute_shield', 'tau_rows', 'fit_youden_threshold', 'tau_cv', 'compute_tau', 'polish_level', 'compute_apt',
-           'beemo_version', 'compute_beemo', 'word_edit_rate', 'chrf', 'similarities', 'quality_sources',
-           'compute_quality', 'quality_summary', 'metrics_long', 'metrics_json_from_table', 'sample_counts',
-           'results_info', 'source_groups', 'output_polishers', 'run_metrics_stage', 'metrics_table', 'extra_tables']
+           'beemo_version', 'compute_beemo', 'word_edit_rate', 'chrf', 'quality_sources', 'compute_quality',
+           'quality_summary', 'metrics_long', 'metrics_json_from_table', 'sample_counts', 'results_info',
+           'source_groups', 'output_polishers', 'run_metrics_stage', 'metrics_table', 'extra_tables']
 
 # %% ../nbs/30_calibration_metrics.ipynb #57c2c967
 def threshold_at_fpr(h, alpha: float):
@@ -114,11 +116,13 @@ def calibration_sets(scores, cfg: dict):
             c["ai_pivot"] = {det: _pivot(ai[ai["detector_name"] == det], "sample_id", "condition") if len(ai) else None for det in dets}
             yield c
 
+# %% ../nbs/30_calibration_metrics.ipynb #c056061a
 def condition_scores(c: dict, det: str) -> dict:
     "condition -> (AI scores aligned to the condition's source ids (NaN = invalid), its (B, n) resample indices)."
     A = c["ai_pivot"][det]
     return {cond: (A[cond].reindex(list(u)).to_numpy(np.float64), c["idx"][u]) for u, cs in c["groups"].items() for cond in cs}
 
+# %% ../nbs/30_calibration_metrics.ipynb #fd1961d7
 def compute_metrics(scores, cfg: dict) -> tuple:
     "metrics (dataset -> detector -> condition -> metrics) and thresholds, from a scores table."
     level, B, seed = cfg["ci_level"], cfg["n_bootstrap"], cfg["seed"]
@@ -344,7 +348,9 @@ def tau_cv(h, a, gh, ga, folds: int, key) -> float:
         ph[~th], pa[~ta] = h[~th] >= t, a[~ta] >= t
     return float(pa.mean() - ph.mean())
 
-def _is_supervised(family) -> bool:
+def _is_supervised(det: str, family) -> bool:
+    "A detector trained on labelled data: its `supervised` field (for an unregistered name, its family says so)."
+    if det in DETECTORS: return DETECTORS.get(det).supervised
     f = str(family).lower()
     return "supervised" in f or "classifier" in f
 
@@ -371,7 +377,7 @@ def compute_tau(scores, cfg: dict, groups: dict | None = None) -> dict:
                 tcv = tau_cv(h, a, gh, [groups.get((ds, i), i) for i in u], K, (seed, ds, defense, "tau-cv"))
                 res.setdefault(ds, {}).setdefault(det, {})[cond] = {
                     "defense": defense, "n_human": int(len(h)), "n_ai": int((~np.isnan(a)).sum()),
-                    "detector_family": fam.get(det, ""), "supervised": _is_supervised(fam.get(det, "")),
+                    "detector_family": fam.get(det, ""), "supervised": _is_supervised(det, fam.get(det, "")),
                     **_summarise("tau", p, b, level), "risk": float(0.5 * (1 - r[0]) + 0.5 * f[0]), "youden_fpr": float(f[0]),
                     "youden_tpr": float(r[0]), "tau_two_sided": float(tau_rows(h, a, two_sided=True)[0]),
                     "tau_cv": tcv, "risk_cv": 0.5 * (1 - tcv), "cv_folds": int(max(2, min(K, len(set(gh) | {groups.get((ds, i), i) for i in u}))))}
@@ -402,6 +408,7 @@ def polish_level(method: str, setting: str):
         if kv.get("polish") in ("degree", "percent"): return kv["polish"], kv.get("level", ""), "polish_method"
     return None
 
+# %% ../nbs/30_calibration_metrics.ipynb #67cce7b8
 def _polisher(row: dict, kind_level, cfg: dict, polishers: dict) -> str:
     from stealth_eval.benchmarks import APT_POLISHERS
     p = polishers.get((row["dataset"], row["condition"], row["sample_id"])) or row.get("polisher")
@@ -466,6 +473,7 @@ def beemo_version(label: str, method: str, setting: str):
     if setting.startswith("llm:"): return setting
     return None
 
+# %% ../nbs/30_calibration_metrics.ipynb #6ac23233
 def compute_beemo(scores, cfg: dict) -> dict:
     "metrics_beemo.json: AUROC and TPR@FPR per Beemo task formulation, per (dataset, detector)."
     from stealth_eval.benchmarks_hub import BEEMO_TASKS
@@ -475,7 +483,7 @@ def compute_beemo(scores, cfg: dict) -> dict:
     for (ds, defense), sd in s.groupby(["dataset", "defense"], sort=True):
         ver = np.array([beemo_version(l, m, st) for l, m, st in zip(sd["label"], sd["method"], sd["setting"])], dtype=object)
         vs = {v for v in ver if v}
-        if not (str(ds).startswith("beemo") or "expert" in vs or any(str(v).startswith("llm:") for v in vs)): continue
+        if not ("beemo" in dataset_analyses(ds) or "expert" in vs or any(str(v).startswith("llm:") for v in vs)): continue
         fam = lambda v: "llm" if str(v).startswith("llm:") else v
         editors = sorted(v for v in vs if str(v).startswith("llm:"))
         tasks = {t: (set(n), set(p)) for t, (n, p) in BEEMO_TASKS.items()}
@@ -513,32 +521,11 @@ def word_edit_rate(src: str, out: str) -> float:
     a, b = str(src).split(), str(out).split()
     return Levenshtein.distance(a, b) / max(len(a), 1)
 
+# %% ../nbs/30_calibration_metrics.ipynb #7518825a
 def chrf(src: str, out: str) -> float:
     "chrF (sacrebleu defaults: char 6-grams, beta 2; 0-100) of `out` against the reference `src`."
     from sacrebleu.metrics import CHRF
     return float(CHRF().sentence_score(str(out), [str(src)]).score)
-
-def similarities(pairs: list, embedder_spec: str, cfg: dict, cache: Cache) -> list:
-    "Cosine similarity for (source, output) pairs, cached by (embedder, both texts)."
-    from stealth_eval.models import embedder_identity, load_embedder
-    out, todo = [None] * len(pairs), []
-    for i, (s, o) in enumerate(pairs):
-        if s == o: out[i] = 1.0; continue
-        todo.append(i)
-    if todo:
-        ident = embedder_identity(embedder_spec, cfg["device"])
-        miss = []
-        for i in todo:
-            k = cache.key("similarity", model=ident, a=sha256_text(pairs[i][0]), b=sha256_text(pairs[i][1]))
-            v = cache.get(k)
-            if v is None: miss.append((i, k))
-            else: out[i] = v
-        if miss:   # the embedder is loaded only when something is missing from the cache
-            emb = load_embedder(embedder_spec, device=cfg["device"], batch_tokens=cfg.get("embed_batch_tokens", "auto"))
-            texts = sorted({t for i, _ in miss for t in pairs[i]})
-            E = dict(zip(texts, emb.encode(texts)))
-            for i, k in miss: out[i] = cache.put(k, float(np.dot(E[pairs[i][0]], E[pairs[i][1]])))
-    return out
 
 # %% ../nbs/30_calibration_metrics.ipynb #43088ec2
 def quality_sources(outs):
@@ -550,6 +537,7 @@ def quality_sources(outs):
     src_col = outs["source_id"] if "source_id" in outs.columns else outs["sample_id"]
     return [by_id.get((d, l, i), by_src.get((d, l, s))) for d, l, i, s in zip(outs["dataset"], outs["label"], outs["sample_id"], src_col)]
 
+# %% ../nbs/30_calibration_metrics.ipynb #abdc255c
 def compute_quality(cfg: dict, cache: Cache):
     "quality.parquet rows for every AI output (candidate 0) and every edited human text."
     import pandas as pd
@@ -581,6 +569,7 @@ def compute_quality(cfg: dict, cache: Cache):
 QUALITY_COLS = ("sim", "ppl_score", "edit_rate", "chrf")
 QUANTILES = {"min": 0, "p05": 5, "p25": 25, "p50": 50, "p75": 75, "p95": 95, "max": 100}
 
+# %% ../nbs/30_calibration_metrics.ipynb #6c5bc1c6
 def quality_summary(q) -> dict:
     "Validity rate and reasons, and mean, median, count and quantiles of each quality measure, per dataset and condition."
     out = {}
@@ -710,6 +699,7 @@ def metrics_long(scores, metrics: dict, thresholds: dict, shield: dict | None = 
             for task, e in cc.items(): rows += _entry_rows(e, base("beemo", ds, det, defense=e.get("defense"), group=task), "beemo", skip=("defense",))
     return _frame(rows)
 
+# %% ../nbs/30_calibration_metrics.ipynb #6f600bfd
 def _scenario_rows(F: dict, b: dict) -> list:
     "A SHIELD scenario family: its SFD, mean W-AUROC and URSS, then one row set per scenario."
     rows = _entry_rows(F, b, "shield", skip=("defense", "condition"))
@@ -766,6 +756,7 @@ def sample_counts(scores) -> dict:
     s = scores[(scores["candidate_rank"] == 0) & (scores["method"] == "m0") & (scores["setting"].fillna("") == "") & (scores["defense"] == "none")]
     return {ds: {lab: int(g.loc[g["label"] == lab, "sample_id"].nunique()) for lab in ("human", "ai")} for ds, g in s.groupby("dataset", sort=True)}
 
+# %% ../nbs/30_calibration_metrics.ipynb #5abeb7aa
 def results_info(cfg: dict, table, scores) -> dict:
     "results.json: the provenance of a run's results (configuration, versions, commit, data hashes, sample counts, files); no wall-clock time."
     from stealth_eval.core import file_sha256, git_commit, package_versions, read_json
@@ -795,6 +786,7 @@ def source_groups(out_dir) -> dict:
     if not p.exists(): return {}
     return {(r["dataset"], r["sample_id"]): r.get("source_id") or r["sample_id"] for r in read_jsonl(p)}
 
+# %% ../nbs/30_calibration_metrics.ipynb #5ee4a28b
 def output_polishers(out_dir) -> dict:
     "(dataset, condition, sample_id) -> the `polisher` fact of polished outputs in raw_outputs.jsonl."
     p = Path(out_dir) / "raw_outputs.jsonl"
@@ -802,6 +794,7 @@ def output_polishers(out_dir) -> dict:
     return {(r["dataset"], r["condition"], r["sample_id"]): r["facts"]["polisher"] for r in read_jsonl(p)
             if r.get("candidate_rank", 0) == 0 and isinstance(r.get("facts"), dict) and r["facts"].get("polisher")}
 
+# %% ../nbs/30_calibration_metrics.ipynb #177dbfd2
 def run_metrics_stage(cfg: dict, cache: Cache | None = None) -> dict:
     "Write quality.parquet, quality_summary.json, thresholds.json, metrics.parquet, metrics.json (from it), the SHIELD, tau, APT-Eval and Beemo files and results.json."
     import pandas as pd
@@ -828,6 +821,7 @@ def run_metrics_stage(cfg: dict, cache: Cache | None = None) -> dict:
     write_json(out / "cache_stats" / "30_calibration_metrics.json", cache.stats())
     return metrics
 
+# %% ../nbs/30_calibration_metrics.ipynb #027ede02
 def metrics_table(metrics: dict, defense: str | None = None):
     "A long table (dataset, detector, condition, auc, tpr1, tpr1_orig, asr, ...) from metrics.json."
     import pandas as pd
