@@ -5,6 +5,7 @@
 # %% ../nbs/20_detectors.ipynb #c9b542c0
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -374,12 +375,13 @@ def run_detectors_stage(cfg: dict, cache: Cache | None = None):
     windows = {det.name: det.window_of(cfg) for det in dets}  # tokens scored (None: not a token window)
     rows = []
     for r in outs.to_dict(orient="records"):
+        facts = json.dumps(r.get("facts") if isinstance(r.get("facts"), dict) else {}, sort_keys=True, ensure_ascii=False)
         for det in dets:
             st = stats[det.source(cfg)].get(sha256_text(r["text_out"])) if r["valid"] else None
             reason = r["fail_reason"] if not r["valid"] else ("" if st is not None else det.none_reason)
             raw = det.raw(st)
             rows.append({
-                "sample_id": r["sample_id"], "dataset": r["dataset"], "label": r["label"], "domain": r["domain"],
+                "sample_id": r["sample_id"], "source_id": r.get("source_id") or r["sample_id"], "dataset": r["dataset"], "label": r["label"], "domain": r["domain"],
                 "generator": r["generator"], "method": r["method"], "setting": r["setting"], "defense": r["defense"],
                 "condition": r["condition"], "candidate_rank": r["candidate_rank"], "text_out": r["text_out"],
                 "len_tokens_out": np.nan if st is None else st.get("n_tokens_input", np.nan),
@@ -387,7 +389,7 @@ def run_detectors_stage(cfg: dict, cache: Cache | None = None):
                 "detector_direction": det.direction, "detector_score_raw": raw,
                 "detector_score_ai": det.direction * raw, "truncated": bool(st and st.get("truncated")),
                 "score_window": windows[det.name],
-                "valid": st is not None, "fail_reason": reason,
+                "valid": st is not None, "fail_reason": reason, "facts": facts,
             })
     scores = pd.DataFrame(rows)
     # len_ratio: output words / source words (the AI text the attack started from; 1 for unattacked texts)

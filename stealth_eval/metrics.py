@@ -21,7 +21,7 @@ __all__ = ['SHIELD_K', 'SHIELD_LAMBDA', 'QUALITY_COLS', 'QUANTILES', 'TABLE_COLS
            'compute_shield', 'tau_rows', 'fit_youden_threshold', 'tau_cv', 'compute_tau', 'polish_level', 'compute_apt',
            'beemo_version', 'compute_beemo', 'word_edit_rate', 'chrf', 'quality_sources', 'compute_quality',
            'quality_summary', 'metrics_long', 'metrics_json_from_table', 'sample_counts', 'results_info',
-           'source_groups', 'output_polishers', 'run_metrics_stage', 'metrics_table', 'extra_tables']
+           'output_polishers', 'run_metrics_stage', 'metrics_table', 'extra_tables']
 
 # %% ../nbs/30_calibration_metrics.ipynb #57c2c967
 def threshold_at_fpr(h, alpha: float):
@@ -779,20 +779,16 @@ def results_info(cfg: dict, table, scores) -> dict:
             "higher_is_better_note": "from the detector's side: True = a higher value means better detection (an attack aims at the opposite)",
             "files": files}
 
-# %% ../nbs/30_calibration_metrics.ipynb #523e0a7d
-def source_groups(out_dir) -> dict:
-    "(dataset, sample_id) -> source_id from raw_outputs.jsonl (the grouping of tau's cross-validation)."
-    p = Path(out_dir) / "raw_outputs.jsonl"
-    if not p.exists(): return {}
-    return {(r["dataset"], r["sample_id"]): r.get("source_id") or r["sample_id"] for r in read_jsonl(p)}
-
 # %% ../nbs/30_calibration_metrics.ipynb #5ee4a28b
-def output_polishers(out_dir) -> dict:
-    "(dataset, condition, sample_id) -> the `polisher` fact of polished outputs in raw_outputs.jsonl."
-    p = Path(out_dir) / "raw_outputs.jsonl"
-    if not p.exists(): return {}
-    return {(r["dataset"], r["condition"], r["sample_id"]): r["facts"]["polisher"] for r in read_jsonl(p)
-            if r.get("candidate_rank", 0) == 0 and isinstance(r.get("facts"), dict) and r["facts"].get("polisher")}
+def output_polishers(scores) -> dict:
+    "(dataset, condition, sample_id) -> the `polisher` fact of polished outputs, from scores.parquet's `facts`."
+    import json
+    s = scores[(scores["candidate_rank"] == 0) & scores["facts"].str.contains('"polisher"', regex=False)]
+    out = {}
+    for d, c, i, f in zip(s["dataset"], s["condition"], s["sample_id"], s["facts"]):
+        p = json.loads(f).get("polisher")
+        if p: out[(d, c, i)] = p
+    return out
 
 # %% ../nbs/30_calibration_metrics.ipynb #177dbfd2
 def run_metrics_stage(cfg: dict, cache: Cache | None = None) -> dict:
@@ -806,8 +802,8 @@ def run_metrics_stage(cfg: dict, cache: Cache | None = None) -> dict:
     scores = pd.read_parquet(out / "scores.parquet")
     metrics, thresholds = compute_metrics(scores, cfg)
     write_json(out / "thresholds.json", thresholds)
-    shield, tau = compute_shield(scores, cfg), compute_tau(scores, cfg, source_groups(out))
-    apt, beemo = compute_apt(scores, cfg, output_polishers(out)), compute_beemo(scores, cfg)
+    shield, tau = compute_shield(scores, cfg), compute_tau(scores, cfg)
+    apt, beemo = compute_apt(scores, cfg, output_polishers(scores)), compute_beemo(scores, cfg)
     table = metrics_long(scores, metrics, thresholds, shield, tau, apt, beemo)
     table.to_parquet(out / "metrics.parquet", index=False)
     metrics = metrics_json_from_table(table)                  # metrics.json is a view of the table

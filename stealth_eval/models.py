@@ -391,8 +391,9 @@ def similarities(pairs: list, embedder_spec: str, cfg: dict, cache: Cache) -> li
             texts = sorted({t for i in miss for t in pairs[i]})
             E = dict(zip(texts, emb.encode(texts)))
             return [float(np.dot(E[pairs[i][0]], E[pairs[i][1]])) for i in miss]
-        out.update(cache.fetch({i: cache.key("similarity", model=ident, a=sha256_text(pairs[i][0]), b=sha256_text(pairs[i][1]))
-                                for i in todo}, compute))
+        got = cache.fetch({i: cache.key("similarity", model=ident, a=sha256_text(pairs[i][0]), b=sha256_text(pairs[i][1]))
+                           for i in todo}, compute)
+        for i, v in got.items(): out[i] = v
     return out
 
 # %% ../nbs/02_models.ipynb #496eeaea

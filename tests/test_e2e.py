@@ -1,4 +1,5 @@
 """End to end: the runner on the tiny profile writes every artifact with the spec's schemas and sane values."""
+import json
 import math
 
 import numpy as np
@@ -55,6 +56,13 @@ def test_scores_schema_and_accounting(tiny_run):
     assert (s.loc[s.detector_name == "log_rank", "detector_direction"] == -1).all()
     assert s.loc[s["valid"], "detector_score_ai"].notna().all()
     assert set(s["condition"]) >= {"m0", "m0+sanitize", "m5:homoglyph_p=0.005", "m5:homoglyph_p=0.02+sanitize"}
+    # the metrics stage reads this one table: each row carries its source id and its output's facts (as JSON)
+    key = ["dataset", "sample_id", "condition", "candidate_rank"]
+    by_row = raw.assign(facts=raw["facts"].map(lambda f: json.dumps(f, sort_keys=True, ensure_ascii=False))).set_index(key)
+    got = s[s.detector_name == DETECTORS[0]].set_index(key)
+    assert by_row.index.is_unique and (got["source_id"] == by_row.loc[got.index, "source_id"]).all()
+    assert (got["facts"] == by_row.loc[got.index, "facts"]).all()
+    assert json.loads(got.loc[got.index.get_level_values(2) == "m5:homoglyph_p=0.02", "facts"].iloc[0])["rate_target"] == 0.02
 
 
 def test_quality(tiny_run):
