@@ -5,6 +5,7 @@
 # %% ../nbs/01_components.ipynb #53950b9f
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import sys
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .core import Registry, StealthEvalError, progress
+from .core import Registry, StealthEvalError, UnknownNameError, progress
 
 # %% auto #0
 __all__ = ['DETECTORS', 'METHODS', 'DATASETS', 'Detector', 'Method', 'FunctionMethod', 'Built', 'Dataset', 'FunctionDataset',
@@ -128,13 +129,18 @@ class ComponentRegistry(Registry):
     def __init__(self, kind: str, base: type, providers: list):
         super().__init__(kind, {})
         self.base, self.providers, self._loaded = base, list(providers), False
+        self._order = {}   # name -> (rank of the registering module among the providers, registration number)
 
     def register(self, obj):
         "Decorator or call: register a component class (instantiated with its defaults) or instance; return `obj`."
         inst = obj() if isinstance(obj, type) else obj
         if not isinstance(inst, self.base):
             raise TypeError(f"{self.kind} {getattr(inst, 'name', inst)!r}: a {type(inst).__name__} is not a {self.base.__name__}")
+        mod = sys._getframe(1).f_globals.get("__name__", "")       # the module whose definition registers it
+        if mod == __name__: mod = sys._getframe(2).f_globals.get("__name__", "")
+        rank = self.providers.index(mod) if mod in self.providers else len(self.providers)   # plugins after the package
         self.entries[inst.name] = inst
+        self._order[inst.name] = (rank, len(self._order))
         return obj
 
     def load(self):
@@ -144,8 +150,19 @@ class ComponentRegistry(Registry):
         for m in self.providers: importlib.import_module(m)
         return self
 
-    def names(self) -> list: return list(self.load().entries)
-    def check(self, names) -> list: self.load(); return super().check(names)
+    def names(self) -> list:
+        "Every registered name in a fixed order (provider by provider, as defined), whatever imported them first."
+        self.load()
+        return sorted(self.entries, key=lambda n: self._order.get(n, (len(self.providers), 0)))
+    def check(self, names) -> list:
+        self.load()
+        names = [names] if isinstance(names, str) else list(names)
+        for n in names:
+            if n not in self.entries:
+                close = difflib.get_close_matches(str(n), self.names(), n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise UnknownNameError(f"unknown {self.kind} {n!r}.{hint} Valid {self.kind}s: {', '.join(self.names())}")
+        return names
     def get(self, name: str):
         self.load()
         obj = super().get(name)

@@ -165,3 +165,13 @@ def test_every_notebook_is_a_page_of_the_documentation(tmp_path):
     assert len(pages) == len(nbs) and "index.html" in pages and "01_components.html" in pages, p.stdout
     html = (tmp_path / "docs" / "01_components.html").read_text()
     assert "Registries filled at the definition" in html and "20_detectors.html" in html   # its prose, and the navigation
+
+
+def test_registry_order_does_not_depend_on_what_was_imported_first():
+    "Names (listings, error messages, defaults) come out provider by provider, whichever module a process imported first."
+    import subprocess, sys
+    code = ("import sys\nfor m in sys.argv[1:]: __import__(m)\nfrom stealth_eval.components import METHODS, DETECTORS\n"
+            "print(METHODS.names(), DETECTORS.names())")
+    outs = {subprocess.run([sys.executable, "-c", code, *first], capture_output=True, text=True, cwd=ROOT, timeout=300).stdout
+            for first in ([], ["stealth_eval.humanify", "stealth_eval.paraphrase", "stealth_eval.supervised"])}
+    assert len(outs) == 1 and "'m0', 'm5', 'm1'" in outs.pop()
