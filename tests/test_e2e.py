@@ -58,7 +58,9 @@ def test_scores_schema_and_accounting(tiny_run):
     assert set(s["condition"]) >= {"m0", "m0+sanitize", "m5:homoglyph_p=0.005", "m5:homoglyph_p=0.02+sanitize"}
     # the metrics stage reads this one table: each row carries its source id and its output's facts (as JSON)
     key = ["dataset", "sample_id", "condition", "candidate_rank"]
-    by_row = raw.assign(facts=raw["facts"].map(lambda f: json.dumps(f, sort_keys=True, ensure_ascii=False))).set_index(key)
+    from stealth_eval.core import read_jsonl          # exact floats (pandas' read_json rounds them)
+    exact = pd.DataFrame(read_jsonl(out / "raw_outputs.jsonl"))
+    by_row = exact.assign(facts=exact["facts"].map(lambda f: json.dumps(f, sort_keys=True, ensure_ascii=False))).set_index(key)
     got = s[s.detector_name == DETECTORS[0]].set_index(key)
     assert by_row.index.is_unique and (got["source_id"] == by_row.loc[got.index, "source_id"]).all()
     assert (got["facts"] == by_row.loc[got.index, "facts"]).all()
