@@ -5,7 +5,6 @@
 # %% ../nbs/01_components.ipynb #53950b9f
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
 import sys
@@ -14,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .core import Registry, StealthEvalError, UnknownNameError, progress
+from .core import Registry, StealthEvalError, progress
 
 # %% auto #0
 __all__ = ['DETECTORS', 'METHODS', 'DATASETS', 'Detector', 'Method', 'FunctionMethod', 'Built', 'Dataset', 'FunctionDataset',
@@ -137,7 +136,6 @@ class ComponentRegistry(Registry):
         if not isinstance(inst, self.base):
             raise TypeError(f"{self.kind} {getattr(inst, 'name', inst)!r}: a {type(inst).__name__} is not a {self.base.__name__}")
         mod = sys._getframe(1).f_globals.get("__name__", "")       # the module whose definition registers it
-        if mod == __name__: mod = sys._getframe(2).f_globals.get("__name__", "")
         rank = self.providers.index(mod) if mod in self.providers else len(self.providers)   # plugins after the package
         self.entries[inst.name] = inst
         self._order[inst.name] = (rank, len(self._order))
@@ -154,15 +152,7 @@ class ComponentRegistry(Registry):
         "Every registered name in a fixed order (provider by provider, as defined), whatever imported them first."
         self.load()
         return sorted(self.entries, key=lambda n: self._order.get(n, (len(self.providers), 0)))
-    def check(self, names) -> list:
-        self.load()
-        names = [names] if isinstance(names, str) else list(names)
-        for n in names:
-            if n not in self.entries:
-                close = difflib.get_close_matches(str(n), self.names(), n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise UnknownNameError(f"unknown {self.kind} {n!r}.{hint} Valid {self.kind}s: {', '.join(self.names())}")
-        return names
+    def check(self, names) -> list: self.load(); return super().check(names)
     def get(self, name: str):
         self.load()
         obj = super().get(name)

@@ -60,9 +60,9 @@ class Registry:
         names = [names] if isinstance(names, str) else list(names)
         for n in names:
             if n not in self.entries:
-                close = difflib.get_close_matches(str(n), list(self.entries), n=1)
+                close = difflib.get_close_matches(str(n), self.names(), n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise UnknownNameError(f"unknown {self.kind} {n!r}.{hint} Valid {self.kind}s: {', '.join(self.entries)}")
+                raise UnknownNameError(f"unknown {self.kind} {n!r}.{hint} Valid {self.kind}s: {', '.join(self.names())}")
         return names
 
     def get(self, name: str):

@@ -21,9 +21,9 @@ from .core import StealthEvalError, atomic_write_text, read_json
 
 # %% auto #0
 __all__ = ['SITE_CSS', 'FIGURE_CAPTIONS', 'FIGURE_ORDER', 'md_to_html', 'strip_remote_scripts', 'notebook_html', 'nav_bar',
-           'page', 'with_nav', 'notebook_title', 'figure_caption', 'headline', 'index_body', 'run_notebooks',
-           'build_site', 'library_notebooks', 'sidebar_yml', 'build_docs', 'local_targets', 'missing_resources',
-           'find_chromium', 'screenshot', 'explorer_data', 'explore']
+           'page', 'with_nav', 'notebook_title', 'nav_title', 'figure_caption', 'headline', 'index_body',
+           'run_notebooks', 'build_site', 'library_notebooks', 'sidebar_yml', 'build_docs', 'local_targets',
+           'missing_resources', 'find_chromium', 'screenshot', 'explorer_data', 'explore']
 
 # %% ../nbs/50_report.ipynb #48edf3a5
 def md_to_html(text: str) -> str:
@@ -90,6 +90,11 @@ def notebook_title(path) -> str:
             m = re.search(r"^#\s+(.+)$", "".join(c.get("source", "")), re.M)
             if m: return m.group(1).strip()
     return Path(path).stem
+
+def nav_title(path) -> str:
+    "A notebook's entry in the navigation: its number (when its name starts with one) and its title."
+    p = Path(path)
+    return f"{p.stem[:2]} {notebook_title(p)}" if p.stem[:2].isdigit() else notebook_title(p)
 
 # %% ../nbs/50_report.ipynb #d30e7b04
 FIGURE_CAPTIONS = {
@@ -190,7 +195,7 @@ def build_site(run_dir, site_dir=None) -> Path:
         shutil.copy2(p, site / p.parent.name / p.name)
     nbs = run_notebooks(run)
     pages = [("index.html", "Run report")] + ([("examples.html", "Examples")] if (run / "qual_examples.md").exists() else [])
-    pages += [(f"{p.stem}.html", f"{p.stem[:2]} {notebook_title(p)}" if p.stem[:2].isdigit() else notebook_title(p)) for p in nbs]
+    pages += [(f"{p.stem}.html", nav_title(p)) for p in nbs]
     atomic_write_text(site / "index.html", page(f"stealth-eval report: {run.name}", index_body(run, figures, tables), pages, "index.html"))
     if (run / "qual_examples.md").exists():
         atomic_write_text(site / "examples.html", page("Curated examples", md_to_html((run / "qual_examples.md").read_text(encoding="utf-8")), pages, "examples.html"))
@@ -221,7 +226,7 @@ def build_docs(site_dir, nbs_dir=None) -> Path:
     nbs = library_notebooks(nbs_dir)
     if not nbs: raise StealthEvalError(f"no notebooks in {nbs_dir or 'nbs/'}")
     name = lambda p: "index.html" if p.stem == "index" else f"{p.stem}.html"
-    pages = [(name(p), "stealth-eval" if p.stem == "index" else f"{p.stem[:2]} {notebook_title(p)}" if p.stem[:2].isdigit() else notebook_title(p)) for p in nbs]
+    pages = [(name(p), "stealth-eval" if p.stem == "index" else nav_title(p)) for p in nbs]
     for p in nbs: atomic_write_text(site / name(p), with_nav(notebook_html(p), pages, name(p)))
     for p in site.glob("*.html"): p.chmod(0o644)
     return site
