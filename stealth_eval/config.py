@@ -6,101 +6,28 @@
 from __future__ import annotations
 
 import copy
-import math
 import json
+import typing
 from pathlib import Path
 
 from .components import DATASETS, DETECTORS, METHODS, load_plugins
 from .core import StealthEvalError, UnknownNameError, deep_merge, read_json, resolve_path
+from .schema import RUNNER_KEYS, Section, Settings, SettingsError, _hints, _section_type, _shown, accepts, check_value, type_name
 
 # %% auto #0
-__all__ = ['PIPELINE', 'PROFILES', 'OPEN_SECTIONS', 'registries', 'check_value', 'parse_set', 'resolve_config', 'load_config']
+__all__ = ['PIPELINE', 'PROFILE_CHANGES', 'PROFILES', 'profile_settings', 'registries', 'parse_set', 'resolve_config',
+           'load_config']
 
 # %% ../nbs/03_config.ipynb #4a0d89c3
 PIPELINE = ["00_data", "10_methods", "20_detectors", "30_calibration_metrics", "40_figures"]   # the stage notebooks, in order
 
-_EMBEDDED = {
-    "datasets": ["lee_news"],
-    "plugins": [],                          # .py files or modules that register more datasets, methods or detectors
-    "methods": ["m0", "m1", "m3", "m5"],      # no attack, paraphrase, guided paraphrase, homoglyphs (M2/M4 on request)
-    "detectors": ["log_likelihood", "log_rank", "rank", "entropy", "lrr", "fast_detectgpt", "binoculars_single"],
-    "n_candidates": [1, 4],                 # the budget sweep: one pool of 4 paraphrases per text serves N = 1 and 4
-    "device": "auto",
-    "generator": "smollm2-135m-instruct",   # writes the embedded AI texts (and paraphrases, later)
-    "scoring_model": "gemma-3-270m",        # the likelihood-family detectors' LM
-    "quality_lm": "gemma-3-270m",           # one fixed LM for the perplexity of every method's outputs
-    "embedder": "all-minilm-l6-v2",         # semantic similarity (E5 in the paper profile)
-    "binoculars_observer": None,            # Binoculars pair (must share a tokenizer); none offline
-    "binoculars_performer": None,
-    "classifier_model": "openai-community/roberta-large-openai-detector",  # HF sequence classifier (hub: skipped offline)
-    "classifier_ai_label": 0,               # its label index for machine-written text (config id2label {0: Fake, 1: Real})
-    "classifier_offline": {"C": 1.0},       # logistic regression on embeddings + LM features, trained on the training split
-    "watermark": {"gamma": 0.25, "delta": 2.0, "seeding_scheme": "lefthash", "key": 15485863, "context_width": 1},  # KGW
-    "data": {
-        "n_per_class": 30,                  # balanced sample: this many human and this many AI texts (on 2 CPU cores
-                                            # the paraphrase pools and their scoring fit a 20-minute run at 30; --set for more)
-        "min_tokens": 64, "max_tokens": 256,  # length window, in generator tokens, for both classes (one paraphrase chunk)
-        "prompt_tokens": 30,                # AI text = first 30 tokens of a human document + a continuation
-        "temperature": 0.7, "top_p": 1.0,   # decoding of the continuations (see 00_data for why)
-        "batch_size": 32,                   # continuations per batch (decoding on 2 CPU cores: 52 tok/s at 8 rows, 210 at 64)
-        "benchmark_n_per_class": 100,       # benchmarks: at most this many texts per (label, edit) stratum (None: all)
-        "n_train_per_class": 50,            # training split (disjoint from the evaluation texts) when a supervised
-                                            # detector or the SHIELD ranker needs one
+# Each profile is a set of changes to the library's defaults (`schema.Settings`), or to the profile it extends.
+PROFILE_CHANGES = {
+    "embedded": {
+        # DetectGPT/NPR scored by the generator (white-box, their papers' setting): scored by Gemma they invert (21_perturbation)
+        "perturbation": {"scoring_model": "smollm2-135m-instruct"},
     },
-    "homoglyph_rates": [0.001, 0.005, 0.01, 0.02],  # share of characters replaced (M5)
-    "paraphraser": "smollm2-135m-instruct", # instruct LM of M1/M2/M3 and of the polishing prompts
-    "paraphrase_temperature": 0.9, "paraphrase_top_p": 0.95,
-    "paraphrase_chunk_tokens": 256,         # longer texts are paraphrased sentence-chunk by chunk, then rejoined
-    "paraphrase_max_new_ratio": 2.0,        # answer budget: this many times the chunk's tokens
-    "paraphrase_batch_size": 64,
-    "generation_backend": "transformers",   # or "vllm" (GPU users with vLLM installed)
-    "stealthrl_adapter": None,              # M2: LoRA adapter folder or hub id (None: M2 is skipped, with the reason)
-    "authormist_model": "authormist/authormist-originality",  # M4 (hub: skipped offline, with the reason)
-    "authormist_temperature": 0.7, "authormist_top_p": 0.9,
-    "m3_guides": ["roberta_openai", "fast_detectgpt", "binoculars_single", "ensemble"],  # guidance rules of M3 (spec 7.2);
-                                            # the zero-shot guides share the scoring forward pass
-    "m3_ensemble": None,                    # members of the ensemble guide (None: every detector guide above)
-    "m3_min_sim": 0.80,                     # similarity floor of guided selection; 0.90 is the spec's value for E5, whose
-                                            # cosines sit higher than MiniLM's (measured: MiniLM pool median 0.78)
-    "m3_token_guided": False,               # Cheng et al. token-level guided decoding (expensive)
-    "m3_token_temperature": 0.6, "m3_token_top_p": 0.9, "m3_token_top_k": 50,
-    "perturbation": {                       # DetectGPT / NPR / ProxiHuman perturbations (see 21_perturbation)
-        "n_perturbations": 10, "span_length": 2, "pct_words_masked": 0.3, "buffer_size": 1, "mask_top_p": 1.0,
-        "t5_model": "t5-large", "t5_max_length": 150, "t5_max_input_tokens": 512,
-        "infill_model": "smollm2-135m-instruct",   # offline variant (*_lminfill): the causal LM fills the spans
-        "fill_max_tokens": 12, "infill_proposals": 1, "infill_lookahead": 4,  # K > 1: importance-resampled fills (21_perturbation)
-        "scoring_model": "smollm2-135m-instruct",  # DetectGPT/NPR scored by the generator (white-box, their papers' setting):
-                                                  # scored by Gemma they invert (21_perturbation); None: the panel's LM
-        "max_attempts": 10, "batch_size": 16, "proxihuman_k": 5},
-    "shield": {"random_p": [0.1, 0.4], "swap_p": [0.1, 0.4], "rounds": [5],  # SHIELD knobs (strategies: random, ai_swap, recursive)
-               "rounds_p": 0.1, "top_k": 10, "mi_alpha": 1.0, "mi_top_saved": 100, "batch_size": 8},
-    "shield_mlm": None,                     # masked LM proposing words (paper: roberta-base); None: causal-LM infill
-    "shield_infill_lm": "smollm2-135m-instruct",
-    "polish": {"degrees": ["minor"], "percents": [10],  # APT-Eval polishing of human texts (labelled human)
-               "temperature": 0.7, "top_p": 1.0, "min_similarity": 0.85, "max_new_tokens": 1024, "batch_size": 8},
-    "sanitize": ["m0", "m5"],               # methods whose outputs are also scored after sanitize()
-    "score_max_tokens": 512,                # longer texts are truncated for scoring (recorded per row)
-    "score_windows": {},                    # detector -> its token window ("profile", "model" or a number); default:
-                                            # its reference's (binoculars 512, fast_detectgpt the model's limit)
-    "score_batch_tokens": "auto",           # tokens per scoring forward pass ("auto": 8192 on a GPU, one text on the CPU)
-    "score_bucket_tokens": 64,              # padded lengths are multiples of this (a text's batch shape = f(its length))
-    "embed_batch_tokens": "auto",           # tokens per embedding pass ("auto": 16384 on a GPU, one text on the CPU)
-    "fpr_targets": [0.01],                  # calibrated on human texts only
-    "n_bootstrap": 1000,
-    "ci_level": 0.95,
-    "validity": {"min_words": 10, "max_len_ratio": 3.0},
-    "n_examples": 8,                        # curated examples in qual_examples.md
-    "shield_k": 20 * math.log(2),           # SHIELD W-AUROC: weight exp(-k FPR) on the ROC (paper value)
-    "shield_lambda": 10 * math.log(2),      # SHIELD SFD = exp(-lambda * std of the Youden-optimal FPRs)
-    "tau_cv_folds": 5,                      # cross-validated tau-undetectability: folds grouped by source id
-    "trust_remote_code": False,
-    "cache_dir": None,                      # content cache (None: ~/.cache/stealth_eval/store or $STEALTH_EVAL_CACHE/store)
-    "data_paths": {},                       # benchmark name -> folder in the upstream layout (else $STEALTH_EVAL_DATA/<name>)
-}
-
-PROFILES = {
-    "embedded": _EMBEDDED,
-    "tiny": deep_merge(_EMBEDDED, {
+    "tiny": {"extends": "embedded",
         "methods": ["m0", "m5"], "n_candidates": [1],
         "data": {"n_per_class": 16, "min_tokens": 48, "max_tokens": 128, "benchmark_n_per_class": 12, "n_train_per_class": 12},
         "homoglyph_rates": [0.005, 0.02],
@@ -110,8 +37,8 @@ PROFILES = {
         "score_max_tokens": 256,
         "n_bootstrap": 200,
         "n_examples": 6,
-    }),
-    "paper": deep_merge(_EMBEDDED, {
+    },
+    "paper": {"extends": "embedded",
         "generator": "Qwen/Qwen3-4B-Instruct-2507",
         "scoring_model": "tiiuae/falcon-7b",
         "binoculars_observer": "tiiuae/falcon-7b", "binoculars_performer": "tiiuae/falcon-7b-instruct",
@@ -132,78 +59,49 @@ PROFILES = {
         "methods": ["m0", "m1", "m2", "m3", "m4", "m5"],
         "n_candidates": [1, 2, 4, 8],
         "polish": {"degrees": ["extreme-minor", "minor", "slight-major", "major"], "percents": [1, 5, 10, 20, 35, 50, 75]},
-    }),
+    },
+    # the paper profile on random-weight stand-ins of its models, built locally (06_rehearsal): costs, not results
+    "rehearsal": {"extends": "paper", "rehearsal": {"scale": "auto", "seed": 0, "measure_models": True}},
 }
-# the paper profile on random-weight stand-ins of its models, built locally (06_rehearsal): costs, not results
-PROFILES["rehearsal"] = deep_merge(PROFILES["paper"], {"rehearsal": {"scale": "auto", "seed": 0, "measure_models": True}})
+
+def profile_settings(name: str) -> Settings:
+    "A profile's settings: the defaults (or the profile it extends) with its changes, checked."
+    ch = dict(PROFILE_CHANGES[name])
+    base = profile_settings(ch.pop("extends")).to_dict() if "extends" in ch else Settings().to_dict()
+    return Settings.from_dict({**deep_merge(base, ch), "profile": name}, where=f"profile {name!r}")
+
+PROFILES = {name: profile_settings(name) for name in PROFILE_CHANGES}
 
 # %% ../nbs/03_config.ipynb #747aefc8
 def registries() -> dict:
     "The dataset, method and detector registries (`stealth_eval.components`; filled by importing their modules: no model loads)."
     return {"dataset": DATASETS, "method": METHODS, "detector": DETECTORS}
 
-OPEN_SECTIONS = {"data_paths", "score_windows"}   # sections whose keys the user names (benchmark -> folder)
 
 # %% ../nbs/03_config.ipynb #02ff3339
+_OPTION = {"plugins": "plugin", "n_candidates": "n_candidates"}
+
 def _set_dotted(cfg: dict, key: str, value):
+    "Set `key` (dotted) of the plain configuration `cfg` to `value`, checked against its field in `schema.Settings`."
     parts = key.split(".")
-    node = cfg
-    for p in parts[:-1]:
-        if not isinstance(node.get(p), dict): raise StealthEvalError(f"--set {key}: {p!r} is not a section of the configuration")
-        node = node[p]
-    if parts[-1] not in node and parts[0] not in OPEN_SECTIONS:
-        raise StealthEvalError(f"--set {key}: unknown key. Known keys here: {', '.join(node)}")
-    if parts[0] not in OPEN_SECTIONS: check_value(key, value)
-    node[parts[-1]] = value
-
-# A value set by hand must have a type some profile gives that key (None only where a profile has None), and be in
-# range: counts are positive (those below may be 0), probabilities and rates lie in (0, 1], nothing is negative
-# (a temperature of 0 decodes greedily).
-_AUTO_OR_INT = {"score_batch_tokens", "embed_batch_tokens"}           # "auto" or a number of tokens (0: one text)
-_ZERO_OK = {"classifier_ai_label", "watermark.key", "perturbation.buffer_size", "data.min_tokens", "n_examples",
-            "score_batch_tokens", "embed_batch_tokens", "seed"}
-_UNIT = {"fpr_targets", "homoglyph_rates", "ci_level", "watermark.gamma", "m3_min_sim", "polish.min_similarity",
-         "perturbation.pct_words_masked", "shield.random_p", "shield.swap_p", "shield.rounds_p"}
-_DEVICE = r"auto|cpu|mps|cuda(:[0-9]+)?"
-
-def _profile_values(key: str) -> list:
-    vals = []
-    for prof in PROFILES.values():
-        node = prof
-        for p in key.split("."): node = node.get(p, "<absent>") if isinstance(node, dict) else "<absent>"
-        if node != "<absent>": vals.append(node)
-    return vals
-
-def _kind(v) -> str:
-    return ("null" if v is None else "a boolean" if isinstance(v, bool) else "an integer" if isinstance(v, int)
-            else "a number" if isinstance(v, float) else "a string" if isinstance(v, str) else "a list" if isinstance(v, list)
-            else "a section" if isinstance(v, dict) else type(v).__name__)
-
-def _shown(v) -> str: return v if isinstance(v, str) else json.dumps(v)   # as typed after `key=`
-
-def check_value(key: str, value):
-    "Raise a one-line StealthEvalError unless `value` suits `key` (dotted): its type in the profiles, then its range."
-    import re
-    vals = _profile_values(key)
-    if all(v is None for v in vals): return               # a key no profile sets (or sets to None): nothing to compare
-    leaf = key.split(".")[-1]
-    kinds = {_kind(v) for v in vals} | ({"an integer"} if key in _AUTO_OR_INT else set())
-    got = _kind(value)
-    ok = got in kinds or (got == "an integer" and "a number" in kinds)
-    if not ok:
-        example = next(v for v in vals if v is not None)
-        raise StealthEvalError(f"--set {key}={_shown(value)}: expects {' or '.join(sorted(kinds))} "
-                               f"(e.g. {json.dumps(example)}), got {got}")
-    items = value if isinstance(value, list) else [value]
-    for x in items:
-        if isinstance(x, bool) or not isinstance(x, (int, float)): continue
-        if key in _UNIT or leaf.endswith("top_p"):
-            if not 0 < x <= 1: raise StealthEvalError(f"--set {key}={_shown(value)}: values must lie in (0, 1], got {x}")
-        elif "a number" not in kinds and x < (0 if key in _ZERO_OK else 1):     # a count
-            raise StealthEvalError(f"--set {key}={_shown(value)}: must be {'>= 0' if key in _ZERO_OK else 'a positive count'}, got {x}")
-        elif x < 0: raise StealthEvalError(f"--set {key}={_shown(value)}: must not be negative, got {x}")
-    if key == "device" and not re.fullmatch(_DEVICE, str(value)):
-        raise StealthEvalError(f"--set device={value}: unknown device; use auto, cpu, mps, cuda or cuda:N")
+    if parts[0] in RUNNER_KEYS: raise SettingsError(f"--set {key}: set by the runner's own option --{_OPTION.get(parts[0], parts[0])}")
+    cls, node = Settings, cfg
+    for i, p in enumerate(parts):
+        f = cls.__dataclass_fields__.get(p)
+        if f is None: raise SettingsError(f"--set {key}: unknown key. Known keys here: {', '.join(cls.__dataclass_fields__)}")
+        tp = _hints(cls)[p]
+        if i == len(parts) - 1:
+            try: check_value(key, f, tp, value)
+            except SettingsError as e: raise SettingsError(f"--set {e}") from None
+            node[p] = value; return
+        sub = _section_type(tp)
+        if sub is not None: cls, node = sub, node[p]; continue
+        if not isinstance(node.get(p), dict):    # the open sections (data_paths, score_windows, rehearsal) take any key
+            raise SettingsError(f"--set {key}: {p!r} is not a section of the configuration")
+        inner = typing.get_args(tp)[1] if typing.get_origin(tp) is dict else typing.Any
+        if len(parts) != i + 2 or not accepts(inner, value):
+            raise SettingsError(f"--set {key}={_shown(value)}: expects {type_name(inner)} under {p}")
+        node[p][parts[-1]] = value; return
 
 # %% ../nbs/03_config.ipynb #09a49852
 def parse_set(items) -> dict:
@@ -219,11 +117,11 @@ def parse_set(items) -> dict:
 # %% ../nbs/03_config.ipynb #176c8a21
 def resolve_config(profile: str = "embedded", datasets=None, methods=None, detectors=None, n_candidates=None,
                    seed: int = 0, out_dir: str = "artifacts", overrides: dict | None = None, no_cache: bool = False,
-                   plugins=None) -> dict:
-    "The full configuration of a run: profile defaults, then explicit choices, validated."
+                   plugins=None) -> Settings:
+    "The full configuration of a run: profile defaults, then explicit choices, every value checked."
     if profile not in PROFILES:
         raise UnknownNameError(f"unknown profile {profile!r}. Valid profiles: {', '.join(PROFILES)}")
-    cfg = copy.deepcopy(PROFILES[profile])
+    cfg = PROFILES[profile].to_dict()
     if cfg.get("rehearsal"):   # stand-ins built (once) and swapped in, sizes by device (06_rehearsal)
         from stealth_eval.rehearsal import rehearsal_config
         cfg = rehearsal_config(cfg, overrides)
@@ -253,18 +151,19 @@ def resolve_config(profile: str = "embedded", datasets=None, methods=None, detec
     if bad: regs["method"].check(bad)
     cfg.update(profile=profile, seed=int(seed), out_dir=str(resolve_path(out_dir)), no_cache=bool(no_cache))
     if cfg["cache_dir"]: cfg["cache_dir"] = str(resolve_path(cfg["cache_dir"]))
-    return cfg
+    return Settings.from_dict(cfg)
 
 # %% ../nbs/03_config.ipynb #651603c0
-def load_config(path) -> dict:
-    """The configuration a run resolved once (`config.json`, written by the runner): its plugins imported and its
-    component names checked against the registries, so every stage reads the same values."""
+def load_config(path) -> Settings:
+    """The configuration a run resolved once (`config.json`, written by the runner), every value checked again: its
+    plugins imported and its component names checked against the registries, so every stage reads the same values."""
     path = Path(path)
     if not path.is_file(): raise StealthEvalError(f"{path}: no such configuration file (the runner writes config.json in the run folder)")
     cfg = read_json(path)
     missing = [k for k in ("datasets", "methods", "detectors", "out_dir", "seed") if k not in (cfg if isinstance(cfg, dict) else {})]
     if missing: raise StealthEvalError(f"{path}: not a run configuration (missing {', '.join(missing)})")
-    load_plugins(cfg.get("plugins"))
+    cfg = Settings.from_dict(cfg, where=str(path))
+    load_plugins(cfg.plugins)
     DATASETS.check([d["name"] for d in cfg["datasets"] if not d.get("path")])
     METHODS.check(cfg["methods"]); DETECTORS.check(cfg["detectors"])
     return cfg

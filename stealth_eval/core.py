@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 import difflib
 import hashlib
 import importlib
@@ -124,7 +125,9 @@ def sha256_text(s: str) -> str: return sha256_bytes(s.encode("utf-8", "surrogate
 # %% ../nbs/01_core.ipynb #7bd45b2f
 def stable_hash(obj) -> str:
     "SHA-256 of the canonical JSON of `obj` (sorted keys): the same content always gives the same key."
-    return sha256_text(json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str))
+    return sha256_text(json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_plain))
+
+def _plain(o): return dict(o) if isinstance(o, Mapping) else str(o)   # a settings section hashes as its dict
 
 # %% ../nbs/01_core.ipynb #33d3ac81
 def file_sha256(path) -> str:
@@ -194,7 +197,7 @@ def build_file_once(path, build, check=None, what: str = "building") -> Path:
 # %% ../nbs/01_core.ipynb #898b4acc
 def to_jsonable(obj):
     "Replace NaN/inf by None and numpy scalars/arrays by Python values, recursively."
-    if isinstance(obj, dict): return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, Mapping): return {str(k): to_jsonable(v) for k, v in obj.items()}   # dicts and settings sections
     if isinstance(obj, (list, tuple)): return [to_jsonable(v) for v in obj]
     if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)): return to_jsonable(obj.tolist())
     if isinstance(obj, float) and not math.isfinite(obj): return None

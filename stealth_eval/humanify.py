@@ -15,6 +15,7 @@ from .components import METHODS, FunctionMethod
 from .core import (ComponentUnavailable, StealthEvalError, get_logger, read_jsonl, run_cache, sha256_text,
                                stable_hash, write_json)
 from .models import row_seed
+from .schema import Polish, Shield
 
 # %% auto #0
 __all__ = ['WORD_RE', 'MI_VERSION', 'SHIELD_DEFAULTS', 'INFILL_VERSION', 'POLISH_SYSTEM', 'POLISH_DEGREES', 'POLISH_PERCENTS',
@@ -158,11 +159,10 @@ def fit_ranker(cfg: dict, dataset: str, cache) -> MIRanker:
     return ranker
 
 # %% ../nbs/12_humanify.ipynb #1d4754b3
-SHIELD_DEFAULTS = {"random_p": [0.1, 0.4], "swap_p": [0.1, 0.4], "rounds": [5], "rounds_p": 0.1, "top_k": 10,
-                   "mi_alpha": 1.0, "mi_top_saved": 100, "batch_size": 8}
+SHIELD_DEFAULTS = Shield().to_dict()   # defaults and their meaning live in `schema.Shield`
 
 def shield_config(cfg: dict) -> dict:
-    return {**SHIELD_DEFAULTS, **(cfg.get("shield") or {})}
+    return Shield.from_dict(cfg.get("shield") or {}).to_dict()
 
 # %% ../nbs/12_humanify.ipynb #7a4171d0
 INFILL_VERSION = "shield-infill-v1"
@@ -497,11 +497,10 @@ POLISH_SYSTEM = ("You are a helpful chatbot who always responds with helpful inf
                  "polished version of the following text. Only generate the polished text.")
 POLISH_DEGREES = {"extreme-minor": "extremely minor", "minor": "minor", "slight-major": "slight major", "major": "major"}
 POLISH_PERCENTS = [1, 5, 10, 20, 35, 50, 75]
-POLISH_DEFAULTS = {"degrees": ["minor"], "percents": [10], "temperature": 0.7, "top_p": 1.0, "min_similarity": 0.85,
-                   "max_new_tokens": 1024, "batch_size": 8}
+POLISH_DEFAULTS = Polish().to_dict()   # defaults and their meaning live in `schema.Polish`
 
 def polish_config(cfg: dict) -> dict:
-    return {**POLISH_DEFAULTS, **(cfg.get("polish") or {})}
+    return Polish.from_dict(cfg.get("polish") or {}).to_dict()
 
 # %% ../nbs/12_humanify.ipynb #2cc904de
 def polish_prompt(text: str, kind: str, level) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .components import DETECTORS, Detector
+from .schema import Perturbation
 from .core import Cache, ComponentUnavailable, StealthEvalError, get_logger, progress, sha256_text, stable_hash
 
 # %% auto #0
@@ -26,34 +27,11 @@ __all__ = ['PERTURB_VERSION', 'PERTURBATION_DEFAULTS', 'MASK', 'DETECTGPT', 'DET
 # %% ../nbs/21_perturbation.ipynb #790ffa7a
 PERTURB_VERSION = "perturb-v4"   # bump whenever masking or filling changes: part of every perturbation cache key
 
-PERTURBATION_DEFAULTS = {
-    "n_perturbations": 10,        # perturbed texts per source text (DetectGPT paper: 100)
-    "span_length": 2,             # words per masked span (reference --span_length 2)
-    "pct_words_masked": 0.3,      # reference --pct_words_masked; spans = int(pct * words / (span_length + 2 * buffer))
-    "buffer_size": 1,             # unmasked words kept around each span (reference --buffer_size 1)
-    "mask_top_p": 1.0,            # nucleus mass of the fill sampling (reference --mask_top_p 1.0: plain sampling)
-    "t5_model": "t5-large",       # span-filling model of the paper (hub id or local folder)
-    "t5_max_length": 150,         # T5 output length cap (reference `generate(max_length=150)`)
-    "t5_max_input_tokens": 512,   # T5 window: longer sources are cut at a word boundary (recorded as truncated)
-    "infill_model": "smollm2-135m-instruct",  # causal LM of the offline variant
-    "fill_max_tokens": 12,        # causal-LM infill: at most this many tokens per span
-    "infill_proposals": 1,        # causal-LM infill: left-context samples per span, one kept by its fit to the right
-                                  # (1: plain left-to-right fill; K = 8 measured 4.1x the time of fill and
-                                  # scoring on 120-word texts, 9.2x the fill time on full ones, see below)
-    "infill_lookahead": 4,        # causal-LM infill: tokens of right context that weigh the proposals
-    "scoring_model": None,        # LM whose log-likelihoods and log-ranks DetectGPT and NPR compare (None: the panel's
-                                  # `scoring_model`); the embedded profile scores with its generator, see below
-    "max_attempts": 10,           # T5 fills with too few spans are redrawn, at most this many times (DetectLLM: 10)
-    "batch_size": 16,             # rows per fill batch
-    "proxihuman_k": 5,            # ProxiHuman: nearest perturbed neighbours averaged (the paper leaves k open)
-}
+PERTURBATION_DEFAULTS = Perturbation().to_dict()   # defaults and their meaning live in `schema.Perturbation`
 
 def perturbation_params(cfg: dict) -> dict:
     "The perturbation settings: `PERTURBATION_DEFAULTS` overridden by the config's `perturbation` section."
-    over = dict(cfg.get("perturbation") or {})
-    unknown = sorted(set(over) - set(PERTURBATION_DEFAULTS))
-    if unknown: raise StealthEvalError(f"unknown perturbation settings {unknown}; known: {', '.join(PERTURBATION_DEFAULTS)}")
-    return {**PERTURBATION_DEFAULTS, **over}
+    return Perturbation.from_dict(cfg.get("perturbation") or {}).to_dict()   # unknown keys, types and ranges checked
 
 # %% ../nbs/21_perturbation.ipynb #6cca406d
 def perturbation_scorer(cfg: dict) -> str:

@@ -48,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="import these first: their datasets, methods and detectors register themselves and can be named")
     p.add_argument("--nbs_dir", default=None, help="folder of the pipeline notebooks (default: nbs/ of the project)")
     p.add_argument("--list", action="store_true", help="list profiles, datasets, methods and detectors, then exit")
+    p.add_argument("--list_settings", action="store_true", help="list every --set key with its type, the profile's value and its meaning, then exit")
     return p
 
 # %% ../nbs/90_run.ipynb #8dbf9f80
@@ -284,6 +285,14 @@ def main(argv=None) -> int:
             load_plugins(args.plugins)
             print("profiles:", ", ".join(PROFILES))
             for kind, reg in registries().items(): print(f"{kind}s:", ", ".join(reg.names()))
+            return EXIT_OK
+        if args.list_settings:
+            from stealth_eval.config import PROFILES
+            from stealth_eval.schema import RUNNER_KEYS, settings_rows
+            rows = [r for r in settings_rows(PROFILES[args.profile]) if r[0] not in RUNNER_KEYS]
+            w = max(len(r[0]) for r in rows)
+            print(f"settings of profile {args.profile} (change with --set KEY=VALUE):")
+            for key, kind, value, doc in rows: print(f"  {key:<{w}}  {value}  ({kind}) {doc}")
             return EXIT_OK
         out = run_pipeline(args.profile, args.datasets, args.methods, args.detectors, args.n_candidates, args.out_dir,
                            args.seed, args.overrides, args.no_cache, args.nbs_dir, args.offline, args.trust_remote_code,

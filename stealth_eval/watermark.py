@@ -6,23 +6,17 @@
 from __future__ import annotations
 
 from .core import StealthEvalError
+from .schema import Watermark
 
 # %% auto #0
 __all__ = ['KGW_DEFAULTS', 'watermark_params', 'KGWLogitsProcessor']
 
 # %% ../nbs/07_watermark.ipynb #aeb3c328
-KGW_DEFAULTS = {"gamma": 0.25, "delta": 2.0, "seeding_scheme": "lefthash", "key": 15485863, "context_width": 1}
+KGW_DEFAULTS = Watermark().to_dict()   # defaults live in `schema.Watermark`
 
 def watermark_params(cfg: dict) -> dict:
     "The KGW parameters of a run: `cfg['watermark']` over the `transformers` defaults, checked."
-    given = dict(cfg.get("watermark") or {})
-    unknown = sorted(set(given) - set(KGW_DEFAULTS))
-    if unknown: raise StealthEvalError(f"watermark: unknown key(s) {unknown}; known: {', '.join(KGW_DEFAULTS)}")
-    p = {**KGW_DEFAULTS, **given}
-    if not 0 < float(p["gamma"]) < 1: raise StealthEvalError(f"watermark.gamma must be in (0, 1), got {p['gamma']}")
-    if p["seeding_scheme"] not in ("lefthash", "selfhash"):
-        raise StealthEvalError(f"watermark.seeding_scheme must be 'lefthash' or 'selfhash', got {p['seeding_scheme']!r}")
-    if int(p["context_width"]) < 1: raise StealthEvalError(f"watermark.context_width must be >= 1, got {p['context_width']}")
+    p = Watermark.from_dict(cfg.get("watermark") or {})   # unknown keys, types and ranges checked
     return {"gamma": float(p["gamma"]), "delta": float(p["delta"]), "seeding_scheme": p["seeding_scheme"],
             "key": int(p["key"]), "context_width": int(p["context_width"])}
 

@@ -131,11 +131,20 @@ def test_offline_refuses_hub_models_before_any_stage(tmp_path):
 @pytest.mark.parametrize("setting, message", [
     ("n_bootstrap=abc", "--set n_bootstrap=abc: expects an integer (e.g. 1000), got a string"),
     ("data.n_per_class=-3", "--set data.n_per_class=-3: must be a positive count, got -3"),
-    ("fpr_targets=0.01", "--set fpr_targets=0.01: expects a list (e.g. [0.01]), got a number"),
-    ("device=tpu", "--set device=tpu: unknown device; use auto, cpu, mps, cuda or cuda:N"),
+    ("fpr_targets=0.01", "--set fpr_targets=0.01: expects a list of numbers (e.g. [0.01]), got a number"),
+    ("device=tpu", "--set device=tpu: 'tpu' is not allowed; use auto, cpu, mps, cuda or cuda:N"),
 ])
 def test_bad_configuration_stops_the_run_before_it_starts(tmp_path, setting, message):
     p = run_cli("--profile", "tiny", "--set", setting, "--out_dir", tmp_path / "run", check=False)
     assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert len([l for l in p.stderr.splitlines() if l.strip()]) == 1
     assert not (tmp_path / "run" / "notebooks").exists()
+
+
+def test_list_settings_prints_every_key_with_the_profiles_value():
+    p = run_cli("--list_settings", "--profile", "paper")
+    lines = p.stdout.splitlines()
+    assert lines[0] == "settings of profile paper (change with --set KEY=VALUE):"
+    row = next(l for l in lines if l.split()[:1] == ["data.n_per_class"])
+    assert row.split()[1] == "150" and "(an integer)" in row
+    assert not any(l.split()[:1] == ["seed"] for l in lines)        # the runner's own options are not --set keys

@@ -75,7 +75,7 @@ def test_watermark_raises_z_and_matches_direct_count(tiny):
 def test_kgw_detector_interface(tiny, tmp_path):
     cfg = {"generator": tiny["gen"], "device": "cpu", "trust_remote_code": False, "watermark": {"key": 7}}
     assert KGW_WATERMARK.direction == 1 and KGW_WATERMARK.unavailable(cfg) == ""
-    assert "gamma must be" in KGW_WATERMARK.unavailable({**cfg, "watermark": {"gamma": 0}})
+    assert "watermark.gamma=0: values must lie in (0, 1]" in KGW_WATERMARK.unavailable({**cfg, "watermark": {"gamma": 0}})
     texts = ["the police said the fire was in the news today", "the"]
     out = KGW_WATERMARK.compute(texts, cfg, Cache(tmp_path))
     assert out[sha256_text("the")] is None
