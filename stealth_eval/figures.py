@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from .components import DATASETS, DETECTORS, METHODS, dataset_analyses
 from .core import atomic_write_text, read_json, write_json
@@ -17,9 +18,9 @@ from .core import atomic_write_text, read_json, write_json
 __all__ = ['ABBREV', 'SHIELD_KNOBS', 'split_condition', 'parse_setting', 'format_setting', 'display_name', 'condition_key',
            'short_label', 'ai_conditions', 'knob_series', 'sim_median', 'method_color', 'heatmap_data', 'plot_heatmap',
            'pareto_front', 'tradeoff_data', 'plot_tradeoff', 'budget_sweep_data', 'plot_budget_sweep', 'roc_curve',
-           'strongest_attack', 'roc_data', 'plot_roc', 'shield_data', 'plot_shield', 'detector_models', 'main_table',
-           'transfer_data', 'transfer_table', 'sanitize_rows', 'sanitize_table', 'plot_sanitize', 'mark_non_ascii',
-           'spread_conditions', 'qual_examples', 'run_figures_stage']
+           'strongest_attack', 'roc_data', 'plot_roc', 'shield_data', 'plot_shield', 'detector_models', 'md_tex',
+           'main_table', 'transfer_data', 'transfer_table', 'sanitize_rows', 'sanitize_table', 'plot_sanitize',
+           'mark_non_ascii', 'spread_conditions', 'qual_examples', 'run_figures_stage']
 
 # %% ../nbs/40_figures.ipynb #623d8554
 def split_condition(c: str) -> tuple:
@@ -381,6 +382,14 @@ def detector_models(scores, ds: str) -> dict:
         out[d] = str(m) + (" (white-box: the scorer wrote the AI texts)" if scorer in gens and fam != "watermark" else "")
     return out
 
+# %% ../nbs/40_figures.ipynb #b27cdd01
+def md_tex(df) -> tuple:
+    "(markdown, LaTeX) of a table of formatted cells: the first column left-aligned, the others right-aligned."
+    n = df.shape[1]
+    md = df.to_markdown(index=False, disable_numparse=True, colalign=("left",) + ("right",) * (n - 1))
+    sty = df.style.hide(axis="index").format(escape="latex").format_index(escape="latex", axis=1)
+    return md, sty.to_latex(hrules=True, column_format="l" + "r" * (n - 1))
+
 # %% ../nbs/40_figures.ipynb #fc918526
 def main_table(metrics: dict, thresholds: dict, ds: str, defense: str = "none", skipped: dict | None = None,
                skipped_methods: dict | None = None, models: dict | None = None) -> tuple:
@@ -400,8 +409,8 @@ def main_table(metrics: dict, thresholds: dict, ds: str, defense: str = "none", 
         r += [_fmt(mm.get("auc")), _fmt(mm.get("tpr1")), _fmt(mm.get("asr"))]
         if mm: notes.append(f"{short_label(c)} / mean: AUC [{_fmt(mm.get('auc_ci_low'))}, {_fmt(mm.get('auc_ci_high'))}], TPR [{_fmt(mm.get('tpr1_ci_low'))}, {_fmt(mm.get('tpr1_ci_high'))}]")
         rows.append(r)
-    md = [f"## {ds}: main results (defense: {defense})", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    md += ["| " + " | ".join(r) + " |" for r in rows]
+    table_md, tex = md_tex(pd.DataFrame(rows, columns=head))
+    md = [f"## {ds}: main results (defense: {defense})", "", table_md]
     cal = []
     for d in dets:
         t = thresholds[ds][d][defense]["fpr=0.01"]
@@ -415,11 +424,7 @@ def main_table(metrics: dict, thresholds: dict, ds: str, defense: str = "none", 
            "**Calibration.** " + "; ".join(cal) + ".", "",
            "**95% bootstrap intervals** (stratified by class, threshold refitted in every resample):", ""]
     md += [f"- {n}" for n in notes]
-    esc = lambda s: s.replace("%", r"\%").replace("_", r"\_")
-    tex = [r"\begin{tabular}{l" + "r" * (len(head) - 1) + "}", r"\toprule", " & ".join(esc(h) for h in head) + r" \\", r"\midrule"]
-    tex += [" & ".join(esc(x) for x in r) + r" \\" for r in rows]
-    tex += [r"\bottomrule", r"\end{tabular}"]
-    return "\n".join(md) + "\n", "\n".join(tex) + "\n"
+    return "\n".join(md) + "\n", tex
 
 # %% ../nbs/40_figures.ipynb #6ea5ac08
 def transfer_data(metrics: dict, ds: str) -> dict:
@@ -445,13 +450,11 @@ def transfer_table(metrics: dict) -> str:
         td = transfer_data(metrics, ds)
         if not td["rows"]: continue
         dets = td["detectors"]
-        out += [f"## {ds}: guidance vs deploy (TPR@1%FPR)", "",
-                "| guidance detector | N | " + " | ".join(dets) + " | mean | held-out mean |", "|---|---|" + "---|" * (len(dets) + 2)]
-        for r in td["rows"]:
-            cells = [f"**{_fmt(r['tpr'][d])}**" if d == r["guide"] else _fmt(r["tpr"][d]) for d in dets]
-            out.append(f"| {r['guide'] or '— (M0, no attack)'} | {'–' if r['N'] is None else r['N']} | " + " | ".join(cells)
-                       + f" | {_fmt(r['mean'])} | {_fmt(r['heldout_mean'])} |")
-        out.append("")
+        rows = [[r["guide"] or "— (M0, no attack)", "–" if r["N"] is None else str(r["N"])]
+                + [f"**{_fmt(r['tpr'][d])}**" if d == r["guide"] else _fmt(r["tpr"][d]) for d in dets]
+                + [_fmt(r["mean"]), _fmt(r["heldout_mean"])] for r in td["rows"]]
+        df = pd.DataFrame(rows, columns=["guidance detector", "N", *dets, "mean", "held-out mean"])
+        out += [f"## {ds}: guidance vs deploy (TPR@1%FPR)", "", md_tex(df)[0], ""]
     if not out: return ""
     return ("# Guidance vs deploy transfer\n\nRows: the detector that guided M3's candidate selection; columns: the detector "
             "deployed at evaluation, TPR at its human-calibrated 1%-FPR threshold (lower = better evasion). Bold: guide = "
@@ -472,11 +475,10 @@ def sanitize_rows(metrics: dict, ds: str) -> list:
 # %% ../nbs/40_figures.ipynb #e18820ee
 def sanitize_table(metrics: dict, ds: str) -> str:
     rows = sanitize_rows(metrics, ds)
-    md = [f"## {ds}: homoglyph attack before and after sanitize()", "",
-          "| Method | Detector | TPR@1%FPR before | TPR@1%FPR after sanitize | AUC before | AUC after |", "|---|---|---|---|---|---|"]
-    md += [f"| {short_label(r['condition'])} | {r['detector']} | {_fmt(r['tpr_before'])} | {_fmt(r['tpr_after'])} | "
-           f"{_fmt(r['auc_before'])} | {_fmt(r['auc_after'])} |" for r in rows]
-    return "\n".join(md) + "\n"
+    df = pd.DataFrame([[short_label(r["condition"]), r["detector"], _fmt(r["tpr_before"]), _fmt(r["tpr_after"]),
+                        _fmt(r["auc_before"]), _fmt(r["auc_after"])] for r in rows],
+                      columns=["Method", "Detector", "TPR@1%FPR before", "TPR@1%FPR after sanitize", "AUC before", "AUC after"])
+    return f"## {ds}: homoglyph attack before and after sanitize()\n\n" + md_tex(df)[0] + "\n"
 
 # %% ../nbs/40_figures.ipynb #dfdd293d
 def plot_sanitize(metrics: dict, ds: str, path):

@@ -189,6 +189,11 @@ def test_shield(tmp_path):
     assert F.plot_shield(_metrics({"m0": [0.9, 0.9, 0.9]}), tmp_path / "none.png") == {}
 
 
+def md_rows(md: str) -> list:
+    "The stripped cells of every markdown table row (pandas pads cells to the column width)."
+    return [[c.strip() for c in l.strip().strip("|").split("|")] for l in md.splitlines() if l.startswith("|") and not set(l) <= set("|:- ")]
+
+
 def test_transfer_table():
     td = F.transfer_data(SYN, "mage")
     assert td["detectors"] == ["fast_detectgpt", "roberta_openai", "log_rank"]
@@ -198,8 +203,8 @@ def test_transfer_table():
     assert r["tpr"]["fast_detectgpt"] == 0.02 and r["heldout_mean"] == pytest.approx((0.55 + 0.25) / 2)
     assert np.isnan(rows["m3:guide=ensemble,N=8"]["heldout_mean"])
     md = F.transfer_table(SYN)
-    assert "| fast_detectgpt | 8 | **0.020** | 0.550 | 0.250 | 0.273 | 0.400 |" in md
-    assert "| roberta_openai | 4 | 0.500 | **0.030** | 0.400 |" in md
+    assert ["fast_detectgpt", "8", "**0.020**", "0.550", "0.250", "0.273", "0.400"] in md_rows(md)
+    assert ["roberta_openai", "4", "0.500", "**0.030**", "0.400"] in [r[:5] for r in md_rows(md)]
     assert F.transfer_table(_metrics({"m0": [0.9, 0.9, 0.9], "m1:N=1": [0.5, 0.5, 0.5]})) == ""
 
 
@@ -210,4 +215,4 @@ def test_main_table_footnotes_skipped():
                            skipped_methods={"m4": "authormist unreachable offline"})
     assert "binoculars: falcon-7b not in the hub cache" in md and "m4: authormist unreachable offline" in md
     assert "POLISH" not in md                                          # human-text conditions are not attacks
-    assert "| M1 N=4 | 0.650 | 0.300 | 0.700 |" in md
+    assert ["M1 N=4", "0.650", "0.300", "0.700"] in [r[:4] for r in md_rows(md)]
