@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="Other commands: `stealth-eval report [--out_dir RUN] [--site_dir DIR]` builds the HTML report "
                                 "site of a run (nbconvert, no Quarto); `stealth-eval docs [--site_dir DIR]` builds the library documentation "
                                 "offline (a page per notebook; default _docs/); `stealth-eval readme` rewrites README.md from nbs/index.ipynb.")
+    from stealth_eval import __version__
+    p.add_argument("--version", action="version", version=f"stealth-eval {__version__}")
     p.add_argument("--profile", default="embedded", choices=list(PROFILES), help="defaults for models and sizes (default: embedded, offline)")
     p.add_argument("--datasets", nargs="+", metavar="NAME|FILE", help="dataset names or .jsonl/.csv/.parquet files (default: the profile's)")
     p.add_argument("--methods", nargs="+", metavar="NAME", help="attack methods (default: the profile's)")

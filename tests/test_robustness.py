@@ -141,10 +141,12 @@ def test_bad_configuration_stops_the_run_before_it_starts(tmp_path, setting, mes
     assert not (tmp_path / "run" / "notebooks").exists()
 
 
-def test_list_settings_prints_every_key_with_the_profiles_value():
+def test_list_settings_prints_every_key_with_the_profiles_value_and_version_prints_the_version():
     p = run_cli("--list_settings", "--profile", "paper")
     lines = p.stdout.splitlines()
     assert lines[0] == "settings of profile paper (change with --set KEY=VALUE):"
     row = next(l for l in lines if l.split()[:1] == ["data.n_per_class"])
     assert row.split()[1] == "150" and "(an integer)" in row
     assert not any(l.split()[:1] == ["seed"] for l in lines)        # the runner's own options are not --set keys
+    from stealth_eval import __version__
+    assert run_cli("--version").stdout.strip() == f"stealth-eval {__version__}"
