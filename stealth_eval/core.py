@@ -27,7 +27,7 @@ __all__ = ['CACHE_FORMAT', 'PROVENANCE_PACKAGES', 'StealthEvalError', 'UnknownNa
            'sha256_text', 'stable_hash', 'file_sha256', 'atomic_write_bytes', 'atomic_write_text', 'file_lock',
            'build_file_once', 'to_jsonable', 'write_json', 'read_json', 'deep_merge', 'record_skipped', 'write_jsonl',
            'read_jsonl', 'check_entry', 'Cache', 'verify_store', 'prune_store', 'run_cache', 'package_versions',
-           'git_commit']
+           'git_commit', 'md_tex']
 
 # %% ../nbs/01_core.ipynb #d5cc8c30
 class StealthEvalError(Exception):
@@ -409,3 +409,11 @@ def git_commit(root: Path | None = None) -> dict:
         return {"commit": commit, "dirty": dirty}
     except (OSError, subprocess.CalledProcessError):
         return {"commit": None, "dirty": None}
+
+# %% ../nbs/01_core.ipynb #221377bc
+def md_tex(df) -> tuple:
+    "(markdown, LaTeX) of a table of formatted cells: the first column left-aligned, the others right-aligned."
+    n = df.shape[1]
+    md = df.to_markdown(index=False, disable_numparse=True, colalign=("left",) + ("right",) * (n - 1))
+    sty = df.style.hide(axis="index").format(escape="latex").format_index(escape="latex", axis=1)
+    return md, sty.to_latex(hrules=True, column_format="l" + "r" * (n - 1))

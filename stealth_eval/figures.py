@@ -12,15 +12,15 @@ import numpy as np
 import pandas as pd
 
 from .components import DATASETS, DETECTORS, METHODS, dataset_analyses
-from .core import atomic_write_text, read_json, write_json
+from .core import atomic_write_text, md_tex, read_json, write_json
 
 # %% auto #0
 __all__ = ['ABBREV', 'SHIELD_KNOBS', 'split_condition', 'parse_setting', 'format_setting', 'display_name', 'condition_key',
            'short_label', 'ai_conditions', 'knob_series', 'sim_median', 'method_color', 'heatmap_data', 'plot_heatmap',
            'pareto_front', 'tradeoff_data', 'plot_tradeoff', 'budget_sweep_data', 'plot_budget_sweep', 'roc_curve',
-           'strongest_attack', 'roc_data', 'plot_roc', 'shield_data', 'plot_shield', 'detector_models', 'md_tex',
-           'main_table', 'transfer_data', 'transfer_table', 'sanitize_rows', 'sanitize_table', 'plot_sanitize',
-           'mark_non_ascii', 'spread_conditions', 'qual_examples', 'run_figures_stage']
+           'strongest_attack', 'roc_data', 'plot_roc', 'shield_data', 'plot_shield', 'detector_models', 'main_table',
+           'transfer_data', 'transfer_table', 'sanitize_rows', 'sanitize_table', 'plot_sanitize', 'mark_non_ascii',
+           'spread_conditions', 'qual_examples', 'run_figures_stage']
 
 # %% ../nbs/40_figures.ipynb #623d8554
 def split_condition(c: str) -> tuple:
@@ -381,14 +381,6 @@ def detector_models(scores, ds: str) -> dict:
         scorer = str(m).split("@")[0]
         out[d] = str(m) + (" (white-box: the scorer wrote the AI texts)" if scorer in gens and fam != "watermark" else "")
     return out
-
-# %% ../nbs/40_figures.ipynb #b27cdd01
-def md_tex(df) -> tuple:
-    "(markdown, LaTeX) of a table of formatted cells: the first column left-aligned, the others right-aligned."
-    n = df.shape[1]
-    md = df.to_markdown(index=False, disable_numparse=True, colalign=("left",) + ("right",) * (n - 1))
-    sty = df.style.hide(axis="index").format(escape="latex").format_index(escape="latex", axis=1)
-    return md, sty.to_latex(hrules=True, column_format="l" + "r" * (n - 1))
 
 # %% ../nbs/40_figures.ipynb #fc918526
 def main_table(metrics: dict, thresholds: dict, ds: str, defense: str = "none", skipped: dict | None = None,

@@ -9,9 +9,10 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from .components import DETECTORS, dataset_analyses
-from .core import Cache, get_logger, progress, read_jsonl, run_cache, sha256_text, stable_hash, write_json
+from .core import Cache, get_logger, md_tex, progress, read_jsonl, run_cache, sha256_text, stable_hash, write_json
 from .models import similarities
 
 # %% auto #0
@@ -831,13 +832,9 @@ def _f(v, nd=3): return "–" if v is None or (isinstance(v, float) and math.isn
 def _ci_txt(m: dict, key: str) -> str: return f"[{_f(m.get(key + '_ci_low'))}, {_f(m.get(key + '_ci_high'))}]"
 
 def _md_tex(title: str, head: list, rows: list, notes: list) -> tuple:
-    "(markdown, latex) of one table."
-    md = [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
-    if notes: md += [""] + notes
-    esc = lambda s: str(s).replace("\\", r"\textbackslash{}").replace("%", r"\%").replace("_", r"\_").replace("&", r"\&").replace("#", r"\#")
-    tex = [f"% {title}", r"\begin{tabular}{l" + "r" * (len(head) - 1) + "}", r"\toprule", " & ".join(esc(h) for h in head) + r" \\", r"\midrule"]
-    tex += [" & ".join(esc(x) for x in r) + r" \\" for r in rows] + [r"\bottomrule", r"\end{tabular}"]
-    return "\n".join(md) + "\n", "\n".join(tex) + "\n"
+    "(markdown, latex) of one titled table (`core.md_tex`), its notes under the Markdown."
+    md, tex = md_tex(pd.DataFrame(rows, columns=head))
+    return "\n".join([f"## {title}", "", md] + ([""] + notes if notes else [])) + "\n", f"% {title}\n" + tex
 
 def _cond_order(c: str) -> tuple: return ("+" in c, c != "m0" and not c.startswith("m0+"), c)
 

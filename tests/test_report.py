@@ -65,7 +65,7 @@ def test_site_pages_and_resources(site):
         assert (s / "figures" / f).read_bytes() == (out / "figures" / f).read_bytes()
     for t in (out / "tables").glob("*.md"):
         assert f"<h3>{t.name}" in index
-    assert "<table>" in index and "<th>Method</th>" in index          # Markdown tables rendered as HTML
+    assert "<table>" in index and '<th style="text-align:left">Method</th>' in index   # Markdown tables rendered as HTML
     notes = read_json(out / "figures_notes.json")["not_written"]
     assert "figures/fig_budget_sweep.png" in notes                    # the tiny profile has one budget
     assert notes["figures/fig_budget_sweep.png"] in index             # ... and the report says why
