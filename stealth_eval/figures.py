@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .acceptance import write_acceptance
 from .components import DATASETS, DETECTORS, METHODS, dataset_analyses
 from .core import atomic_write_text, md_tex, read_json, write_json
 
@@ -598,9 +599,10 @@ def run_figures_stage(cfg: dict) -> list:
     written.append(atomic_write_text(out / "qual_examples.md", qual_examples(scores, quality_rows, thresholds, cfg["n_examples"], cfg["seed"])))
     if hasattr(metrics_module, "extra_tables"):   # SHIELD/URSS, tau, APT-Eval, Beemo tables (30_calibration_metrics)
         written += list(metrics_module.extra_tables(out))
-    if cfg.get("rehearsal"):   # every table and qual_examples.md opens with the banner (06_rehearsal)
-        from stealth_eval.rehearsal import mark_text_artifacts
-        mark_text_artifacts(out)
     files = [_rel(p, out) for p in written]
     write_json(out / "figures_notes.json", {"written": files, "not_written": dict(sorted(notes.items()))})
-    return files + ["figures_notes.json"]
+    write_acceptance(out)   # the spec's §12 criteria judged on this run, with the paper's artifacts listed (35_acceptance)
+    if cfg.get("rehearsal"):   # every table, qual_examples.md and acceptance.md opens with the banner (06_rehearsal)
+        from stealth_eval.rehearsal import mark_text_artifacts
+        mark_text_artifacts(out)
+    return files + ["figures_notes.json", "acceptance.md", "acceptance.json"]

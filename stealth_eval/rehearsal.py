@@ -318,9 +318,9 @@ def watermark(fig):
 
 # %% ../nbs/06_rehearsal.ipynb #5b8564b5
 def mark_text_artifacts(out) -> list:
-    "Open every markdown/LaTeX table and qual_examples.md of a run folder with the banner; return the files marked."
+    "Open every markdown/LaTeX table, qual_examples.md and acceptance.md of a run folder with the banner; return the files marked."
     out, done = Path(out), []
-    for p in sorted((out / "tables").glob("*")) + [out / "qual_examples.md"]:
+    for p in sorted((out / "tables").glob("*")) + [out / "qual_examples.md", out / "acceptance.md"]:
         if not p.is_file() or p.suffix not in (".md", ".tex"): continue
         text = p.read_text(encoding="utf-8")
         if BANNER in text.split("\n", 2)[0]: continue

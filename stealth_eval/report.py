@@ -148,9 +148,12 @@ def headline(out: Path) -> str:
 
 # %% ../nbs/50_report.ipynb #58eda37a
 def index_body(run: Path, figures: list, tables: list) -> str:
-    "The index page's HTML body: facts, headline, figures, notes, tables, configuration."
+    "The index page's HTML body: facts, acceptance criteria, headline, figures, notes, tables, configuration."
     run = Path(run)
     parts = [f"<h1>stealth-eval report: {html.escape(run.name)}</h1>", _facts_table(run)]
+    if (run / "acceptance.md").exists():   # the spec's acceptance criteria first: is the run what the paper needs?
+        parts.append(md_to_html((run / "acceptance.md").read_text(encoding="utf-8"))
+                     .replace("h2>", "h3>").replace("h1>", "h2>"))   # its headings one level down
     try: parts += ["<h2>Headline</h2>", f"<pre>{html.escape(headline(run))}</pre>"]
     except Exception as e: parts += ["<h2>Headline</h2>", f"<p>not available: {html.escape(repr(e))}</p>"]
     parts.append("<h2>Figures</h2>")

@@ -52,7 +52,7 @@ def tiny_run_nocache(tmp_path_factory):
 ARTIFACTS = ["data/lee_news.jsonl", "raw_outputs.jsonl", "scores.parquet", "quality.parquet", "metrics.json",
              "thresholds.json", "quality_summary.json", "tables/table_main_lee_news.md", "tables/table_main_lee_news.tex",
              "tables/table_sanitize.md", "qual_examples.md", "figures/fig_heatmap_t1f.png", "figures/fig_sanitize.png",
-             "metrics.parquet"]   # results.json is left out: it holds the run's configuration (out_dir, cache_dir)
+             "metrics.parquet", "acceptance.md"]   # results.json is left out: it holds the run's configuration (out_dir, cache_dir)
 
 
 def same_artifacts(a, b):

@@ -14,7 +14,7 @@ PKG = ROOT / "stealth_eval"
 STAGES = [("data", {"data", "benchmarks", "benchmarks_hub"}),
           ("methods", {"methods", "paraphrase", "humanify"}),
           ("detectors", {"detectors", "perturbation", "supervised"}),
-          ("metrics", {"metrics"}),
+          ("metrics", {"metrics", "acceptance"}),
           ("figures", {"figures"}),
           ("report", {"report"}),
           ("run", {"run"})]
