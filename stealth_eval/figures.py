@@ -11,17 +11,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .acceptance import write_acceptance
+from .acceptance import reward_split, write_acceptance
 from .components import DATASETS, DETECTORS, METHODS, dataset_analyses
 from .core import atomic_write_text, md_tex, read_json, write_json
 
 # %% auto #0
 __all__ = ['ABBREV', 'SHIELD_KNOBS', 'split_condition', 'parse_setting', 'format_setting', 'display_name', 'condition_key',
            'short_label', 'ai_conditions', 'knob_series', 'sim_median', 'method_color', 'heatmap_data', 'plot_heatmap',
-           'pareto_front', 'tradeoff_data', 'plot_tradeoff', 'budget_sweep_data', 'plot_budget_sweep', 'roc_curve',
-           'strongest_attack', 'roc_data', 'plot_roc', 'shield_data', 'plot_shield', 'detector_models', 'main_table',
-           'transfer_data', 'transfer_table', 'sanitize_rows', 'sanitize_table', 'plot_sanitize', 'mark_non_ascii',
-           'spread_conditions', 'qual_examples', 'run_figures_stage']
+           'in_reward_cells', 'pareto_front', 'tradeoff_data', 'plot_tradeoff', 'budget_sweep_data',
+           'plot_budget_sweep', 'roc_curve', 'strongest_attack', 'roc_data', 'plot_roc', 'shield_data', 'plot_shield',
+           'detector_models', 'main_table', 'transfer_data', 'transfer_table', 'sanitize_rows', 'sanitize_table',
+           'plot_sanitize', 'mark_non_ascii', 'spread_conditions', 'qual_examples', 'run_figures_stage']
 
 # %% ../nbs/40_figures.ipynb #623d8554
 def split_condition(c: str) -> tuple:
@@ -137,7 +137,8 @@ def heatmap_data(metrics: dict, ds: str, key: str = "tpr1"):
     return dets, conds, vals
 
 # %% ../nbs/40_figures.ipynb #e7bca0a6
-def plot_heatmap(metrics: dict, ds: str, path, key: str = "tpr1", title: str | None = None):
+def plot_heatmap(metrics: dict, ds: str, path, key: str = "tpr1", title: str | None = None, reward: dict | None = None):
+    "The detector x condition heatmap; `reward` ({condition: detectors}) boxes the in-reward cells."
     plt = _plt()
     dets, conds, vals = heatmap_data(metrics, ds, key)
     fig, ax = plt.subplots(figsize=(max(4.2, 1.6 + 0.95 * len(conds)), 1.2 + 0.55 * len(dets)))   # wide enough for the title
@@ -149,11 +150,24 @@ def plot_heatmap(metrics: dict, ds: str, path, key: str = "tpr1", title: str | N
             v = vals[i, j]
             ax.text(j, i, "–" if np.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=8,
                     color="black" if (not np.isnan(v) and v > 0.6) else "white")
+            if dets[i] in (reward or {}).get(conds[j], ()):
+                ax.add_patch(plt.Rectangle((j - 0.45, i - 0.45), 0.9, 0.9, fill=False, edgecolor="red", lw=1.8))
     if "mean" in dets: ax.axhline(len(dets) - 1.5, color="white", lw=2)
     fig.colorbar(im, ax=ax, label="TPR @ 1% FPR" if key == "tpr1" else key, fraction=0.08, pad=0.04)
-    ax.set_title(title or f"{ds}: TPR at 1% FPR\n(threshold calibrated on human text)", fontsize=10)
+    boxed = any(d in (reward or {}).get(c, ()) for d in dets for c in conds)
+    ax.set_title(title or f"{ds}: TPR at 1% FPR\n(threshold calibrated on human text"
+                 + ("; red box: the attack was optimised against this detector)" if boxed else ")"), fontsize=10)
     fig.tight_layout()
     return _save(fig, path)
+
+# %% ../nbs/40_figures.ipynb #7a88172f
+def in_reward_cells(cfg: dict, conds: list) -> dict:
+    "{condition: detectors its attack was optimised against}: its method's `reward_detectors`, M3's guide (35_acceptance)."
+    out = {}
+    for c in conds:
+        m, s, _ = split_condition(c)
+        if declared := reward_split(m, s, [], cfg)["declared"]: out[c] = set(declared)
+    return out
 
 # %% ../nbs/40_figures.ipynb #99ea670c
 def pareto_front(points: list) -> list:
@@ -385,8 +399,9 @@ def detector_models(scores, ds: str) -> dict:
 
 # %% ../nbs/40_figures.ipynb #fc918526
 def main_table(metrics: dict, thresholds: dict, ds: str, defense: str = "none", skipped: dict | None = None,
-               skipped_methods: dict | None = None, models: dict | None = None) -> tuple:
-    "(markdown, latex) of the main table for one dataset; `models`: `detector_models(scores, ds)`."
+               skipped_methods: dict | None = None, models: dict | None = None, reward: dict | None = None) -> tuple:
+    """(markdown, latex) of the main table for one dataset; `models`: `detector_models(scores, ds)`; `reward`:
+    `in_reward_cells` (their TPR is marked †)."""
     dets = [d for d in metrics[ds] if d != "mean"]
     conds = sorted({c for d in dets for c, m in metrics[ds][d].items() if m["defense"] == defense and m.get("label", "ai") == "ai"}, key=condition_key)
     head = ["Method"] + [f"{d} {k}" for d in dets for k in ("AUC", "TPR@1%FPR", "ASR")] + ["mean AUC", "mean TPR@1%FPR", "mean ASR"]
@@ -395,7 +410,7 @@ def main_table(metrics: dict, thresholds: dict, ds: str, defense: str = "none", 
         r = [short_label(c)]
         for d in dets:
             m = metrics[ds][d].get(c, {})
-            r += [_fmt(m.get("auc")), _fmt(m.get("tpr1")), _fmt(m.get("asr"))]
+            r += [_fmt(m.get("auc")), _fmt(m.get("tpr1")) + ("†" if d in (reward or {}).get(c, ()) and m else ""), _fmt(m.get("asr"))]
             if m: notes.append(f"{short_label(c)} / {d}: AUC [{_fmt(m.get('auc_ci_low'))}, {_fmt(m.get('auc_ci_high'))}], "
                                f"TPR [{_fmt(m.get('tpr1_ci_low'))}, {_fmt(m.get('tpr1_ci_high'))}], n_ai={m.get('n_ai')} (invalid {m.get('n_ai_invalid')})")
         mm = metrics[ds].get("mean", {}).get(c, {})
@@ -404,6 +419,9 @@ def main_table(metrics: dict, thresholds: dict, ds: str, defense: str = "none", 
         rows.append(r)
     table_md, tex = md_tex(pd.DataFrame(rows, columns=head))
     md = [f"## {ds}: main results (defense: {defense})", "", table_md]
+    if any("†" in x for r in rows for x in r):
+        md += ["", "† in-reward: the attack was optimised against this detector (`reward_detectors`; M3: its guide); "
+               "the other detectors are held out (acceptance.md compares the two)."]
     cal = []
     for d in dets:
         t = thresholds[ds][d][defense]["fpr=0.01"]
@@ -563,9 +581,10 @@ def run_figures_stage(cfg: dict) -> list:
     written, notes = [], {}
     fig, tab = out / "figures", out / "tables"
     for i, ds in enumerate(sorted(metrics)):
-        written.append(plot_heatmap(metrics, ds, fig / f"fig_heatmap_t1f_{ds}.png"))
-        if i == 0: written.append(plot_heatmap(metrics, ds, fig / "fig_heatmap_t1f.png"))
-        md, tex = main_table(metrics, thresholds, ds, skipped=skipped.get("detectors"), skipped_methods=skipped.get("methods"),
+        reward = in_reward_cells(cfg, heatmap_data(metrics, ds)[1])
+        written.append(plot_heatmap(metrics, ds, fig / f"fig_heatmap_t1f_{ds}.png", reward=reward))
+        if i == 0: written.append(plot_heatmap(metrics, ds, fig / "fig_heatmap_t1f.png", reward=reward))
+        md, tex = main_table(metrics, thresholds, ds, skipped=skipped.get("detectors"), skipped_methods=skipped.get("methods"), reward=reward,
                              models=detector_models(scores, ds))
         written += [atomic_write_text(tab / f"table_main_{ds}.md", md), atomic_write_text(tab / f"table_main_{ds}.tex", tex)]
         if sanitize_rows(metrics, ds):
