@@ -274,5 +274,5 @@ def test_polish_method_levels_filter_and_attributes(env, monkeypatch):
     assert f[(1, "polish=percent,level=35")]["polish_filter_passed"] is False
     g = f[(0, "polish=degree,level=extreme-minor")]
     assert g["polisher"] == str(folder) and g["polisher_model"].startswith("chat_lm@local:") and g["polish_level"] == "extreme-minor"
-    with pytest.raises(Exception, match="unknown polish degree"):
+    with pytest.raises(Exception, match="polish.degrees=\\[\"tiny\"\\]: 'tiny' is not allowed"):
         method_polish(items, {**cfg, "polish": {"degrees": ["tiny"], "percents": []}}, Cache(enabled=False))
