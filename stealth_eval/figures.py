@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .acceptance import reward_split, write_acceptance
+from .acceptance import parse_setting, reward_split, write_acceptance  # settings strings are parsed once, below this stage
 from .components import DATASETS, DETECTORS, METHODS, dataset_analyses
 from .core import atomic_write_text, md_tex, read_json, write_json
 
 # %% auto #0
-__all__ = ['ABBREV', 'SHIELD_KNOBS', 'split_condition', 'parse_setting', 'format_setting', 'display_name', 'condition_key',
-           'short_label', 'ai_conditions', 'knob_series', 'sim_median', 'method_color', 'heatmap_data', 'plot_heatmap',
+__all__ = ['ABBREV', 'SHIELD_KNOBS', 'split_condition', 'format_setting', 'display_name', 'condition_key', 'short_label',
+           'ai_conditions', 'knob_series', 'sim_median', 'method_color', 'heatmap_data', 'plot_heatmap',
            'in_reward_cells', 'pareto_front', 'tradeoff_data', 'plot_tradeoff', 'budget_sweep_data',
            'plot_budget_sweep', 'roc_curve', 'strongest_attack', 'roc_data', 'plot_roc', 'shield_data', 'plot_shield',
            'detector_models', 'main_table', 'transfer_data', 'transfer_table', 'sanitize_rows', 'sanitize_table',
@@ -29,21 +29,6 @@ def split_condition(c: str) -> tuple:
     base, _, defense = c.partition("+")
     method, _, setting = base.partition(":")
     return method, setting, defense
-
-# %% ../nbs/40_figures.ipynb #4ce8950a
-def _value(v: str):
-    for f in (int, float):
-        try: return f(v)
-        except ValueError: pass
-    return v
-
-def parse_setting(setting: str) -> dict:
-    "Comma-separated key=value pairs -> {key: value}, numbers parsed; a bare word maps to None."
-    out = {}
-    for part in (setting or "").split(","):
-        k, sep, v = part.strip().partition("=")
-        if k: out[k] = _value(v.strip()) if sep else None
-    return out
 
 # %% ../nbs/40_figures.ipynb #dfb33af0
 def format_setting(s: dict) -> str:

@@ -82,7 +82,8 @@ def check_value(key: str, f, tp, value):
         d = f.default_factory() if callable(f.default_factory) else f.default
         eg = "" if d is None else f" (e.g. {_shown(d)})"
         got = kind_of(value)
-        if isinstance(value, list): got = "a list holding " + next(kind_of(x) for x in value if not accepts(typing.get_args(tp)[0] if typing.get_origin(tp) is list else typing.Any, x)) if typing.get_origin(tp) is list else got
+        if isinstance(value, list) and typing.get_origin(tp) is list:   # name the element that does not fit
+            got = "a list holding " + next(kind_of(x) for x in value if not accepts(typing.get_args(tp)[0], x))
         raise SettingsError(f"{key}={_shown(value)}: expects {type_name(tp)}{eg}, got {got}")
     ok, says = _RANGES[f.metadata.get("check")]
     for x in (value if isinstance(value, list) else [value]):
