@@ -10,6 +10,7 @@ cfg = cfg["DEFAULT"]
 
 requirements = cfg.get("requirements", "").split()
 dev_requirements = cfg.get("dev_requirements", "").split()
+ray_requirements = cfg.get("ray_requirements", "").split()  # `pip install -e ".[ray]"`: the Ray engine (#15)
 
 setuptools.setup(
     name=cfg["repo"],
@@ -25,7 +26,7 @@ setuptools.setup(
     include_package_data=True,
     python_requires=">=" + cfg["min_python"],
     install_requires=requirements,
-    extras_require={"dev": dev_requirements},
+    extras_require={"dev": dev_requirements, "ray": ray_requirements},
     entry_points={
         "console_scripts": cfg.get("console_scripts", "").split(),
         "nbdev": [f"{cfg['lib_path']}={cfg['lib_path']}._modidx:d"],
