@@ -22,12 +22,12 @@ from importlib import metadata
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['CACHE_FORMAT', 'PROVENANCE_PACKAGES', 'StealthEvalError', 'UnknownNameError', 'ComponentUnavailable', 'few',
-           'Registry', 'project_root', 'user_cache_dir', 'resolve_path', 'get_logger', 'progress', 'sha256_bytes',
-           'sha256_text', 'stable_hash', 'file_sha256', 'atomic_write_bytes', 'atomic_write_text', 'file_lock',
-           'build_file_once', 'to_jsonable', 'write_json', 'read_json', 'deep_merge', 'record_skipped', 'write_jsonl',
-           'read_jsonl', 'check_entry', 'Cache', 'verify_store', 'prune_store', 'run_cache', 'package_versions',
-           'git_commit', 'md_tex']
+__all__ = ['CACHE_FORMAT', 'ENGINES', 'PROVENANCE_PACKAGES', 'StealthEvalError', 'UnknownNameError', 'ComponentUnavailable',
+           'few', 'Registry', 'project_root', 'user_cache_dir', 'resolve_path', 'get_logger', 'progress',
+           'sha256_bytes', 'sha256_text', 'stable_hash', 'file_sha256', 'atomic_write_bytes', 'atomic_write_text',
+           'file_lock', 'build_file_once', 'to_jsonable', 'write_json', 'read_json', 'deep_merge', 'record_skipped',
+           'write_jsonl', 'read_jsonl', 'check_entry', 'parts_of', 'LocalEngine', 'Cache', 'verify_store',
+           'prune_store', 'run_cache', 'package_versions', 'git_commit', 'md_tex']
 
 # %% ../nbs/01_core.ipynb #d5cc8c30
 class StealthEvalError(Exception):
@@ -266,13 +266,30 @@ def check_entry(raw: bytes, key: str | None = None) -> tuple:
 
 _MISS = object()   # what `Cache.get` returns for a missing entry inside `fetch` (None is a value that can be cached)
 
+def parts_of(compute, items: list):
+    """(positions in `items`, their values) parts of `compute(items)`: a computation returns its values in order (one
+    part), or yields such parts as they finish (a long generation, stored batch by batch so a killed run resumes)."""
+    res = compute(items)
+    if isinstance(res, (list, tuple)):
+        if len(res) != len(items): raise ValueError(f"{len(res)} values computed for {len(items)} items")
+        yield range(len(items)), res
+    else: yield from res
+
+class LocalEngine:
+    "Runs a computation in this process (the default engine; `engine.RayEngine` spreads it over a Ray cluster)."
+    name = "local"
+    def __init__(self, settings=None): self.settings = settings   # the run's `engine` section (nothing to set here)
+    def run(self, compute, items: list, desc: str = ""): return parts_of(compute, items)
+
 # %% ../nbs/01_core.ipynb #b90eb900
 class Cache:
     "Content-addressed JSON store with atomic writes, a digest per entry and hit/miss counters."
     def __init__(self, root=None,  # folder (default: `user_cache_dir()/store`)
-                 enabled: bool = True):  # False: never read or write (every lookup is a miss)
+                 enabled: bool = True,  # False: never read or write (every lookup is a miss)
+                 engine=None):  # runs the computations of the misses (`LocalEngine()`; `engine.RayEngine` on a cluster)
         self.root = Path(root) if root else user_cache_dir() / "store"
         self.enabled = enabled
+        self.engine = engine or LocalEngine()
         self.hits, self.misses = Counter(), Counter()
         self.invalid = Counter()     # (namespace, problem) -> entries that failed their check (counted as misses)
         self._reported = 0
@@ -308,17 +325,18 @@ class Cache:
 
     def fetch(self, keys: dict, compute) -> dict:
         """name -> value for every name of `keys` (name -> cache key): the cached values, and for the missing names
-        one call `compute(missing names) -> their values, in order`, stored. Nothing is computed (no model loads) when
-        every value is cached; a stored None is a value, not a miss."""
+        `compute(missing names)` run by the cache's engine and stored part by part as they finish (see `parts_of`).
+        Nothing is computed (no model loads) when every value is cached; a stored None is a value, not a miss."""
         got, miss = {}, []
         for n, k in keys.items():
             v = self.get(k, default=_MISS)
             if v is _MISS: miss.append(n)
             else: got[n] = v
         if miss:
-            vals = list(compute(miss))
-            if len(vals) != len(miss): raise ValueError(f"cache.fetch: {len(vals)} values computed for {len(miss)} missing keys")
-            for n, v in zip(miss, vals): got[n] = self.put(keys[n], v)
+            for pos, vals in self.engine.run(compute, miss, desc=next(iter(keys.values())).split("/")[0]):
+                for p, v in zip(pos, vals): got[miss[p]] = self.put(keys[miss[p]], v)
+            lost = [n for n in miss if n not in got]
+            if lost: raise ValueError(f"cache.fetch: no value computed for {len(lost)} of {len(miss)} missing keys")
         return {n: got[n] for n in keys}
 
     def by_text(self, namespace: str, texts: list, compute, **parts) -> dict:
@@ -382,9 +400,13 @@ def prune_store(root, min_temp_age_s: float = 3600) -> dict:
     return report
 
 # %% ../nbs/01_core.ipynb #11e9f9d6
+ENGINES = Registry("engine", {"local": LocalEngine, "ray": "stealth_eval.engine:RayEngine"})
+
 def run_cache(cfg: dict) -> Cache:
-    "The content cache of a run: `cfg['cache_dir']` (default `user_cache_dir()/store`), disabled by `no_cache`."
-    return Cache(cfg.get("cache_dir") or None, enabled=not cfg.get("no_cache", False))
+    """The content cache of a run: `cfg['cache_dir']` (default `user_cache_dir()/store`), disabled by `no_cache`, its
+    misses computed by the run's engine (`cfg['engine']['name']`: local, or ray)."""
+    e = cfg.get("engine") or {"name": "local"}
+    return Cache(cfg.get("cache_dir") or None, enabled=not cfg.get("no_cache", False), engine=ENGINES.get(e["name"])(e))
 
 # %% ../nbs/01_core.ipynb #c1d471de
 PROVENANCE_PACKAGES = ["stealth-eval", "torch", "transformers", "numpy", "pandas", "scipy", "sentence-transformers",

@@ -185,33 +185,31 @@ def _lee_pool(cfg: dict, tok) -> tuple:
         docs.append(d)
     return docs, drops
 
-def _lee_continue(cfg: dict, cache: Cache, lm, docs: list, name: str, watermark: dict | None = None):
-    "Fill d['new'] (continuation token ids) for each document: cached, else sampled batch by batch."
-    from stealth_eval.models import SAMPLER_VERSION, row_seed, sample_continuations
+def _lee_continue(cfg: dict, cache: Cache, identity: str, docs: list, name: str, watermark: dict | None = None):
+    "Fill d['new'] (continuation token ids) for each document: cached, else sampled where the cache's engine computes."
+    from stealth_eval.models import SAMPLER_VERSION, iter_continuations, load_causal_lm, row_seed
     dc, P = cfg["data"], cfg["data"]["prompt_tokens"]
     params = {k: dc[k] for k in ("prompt_tokens", "temperature", "top_p", "min_tokens", "max_tokens")}
     extra = {} if watermark is None else {"watermark": {**watermark, "bias": "after_temperature"}}  # lee_news keys unchanged
-    todo = []
     for d in docs:
         d["seed"] = row_seed(cfg["seed"], d["id"], "lee_news/continuation")   # lee_news_kgw: the same seeds
         d["max_new"] = len(d["ids"]) - P
         d["min_new"] = max(dc["min_tokens"] - P, 1)
-        d["key"] = cache.key("generation", model=lm.identity, prompt=d["ids"][:P], seed=d["seed"], max_new=d["max_new"],
-                             min_new=d["min_new"], params=params, sampler=SAMPLER_VERSION, **extra)
-        d["new"] = cache.get(d["key"])
-        if d["new"] is None: todo.append(d)
-    if not todo: return
-    procs = None
-    if watermark is not None:
-        from stealth_eval.watermark import KGWLogitsProcessor
-        procs = [KGWLogitsProcessor(watermark, lm.model.config.get_text_config().vocab_size, dc["temperature"])]
-    def store(idx, outs):   # cached batch by batch, so an interrupted run resumes where it stopped
-        for i, ids in zip(idx, outs):
-            todo[i]["new"] = ids
-            cache.put(todo[i]["key"], ids)
-    sample_continuations(lm, [d["ids"][:P] for d in todo], [d["seed"] for d in todo], [d["max_new"] for d in todo],
-                         [d["min_new"] for d in todo], dc["temperature"], dc["top_p"], dc["batch_size"],
-                         desc=f"{name}: continuations by {cfg['generator']}", on_batch=store, logits_processors=procs)
+    keys = {i: cache.key("generation", model=identity, prompt=d["ids"][:P], seed=d["seed"], max_new=d["max_new"],
+                         min_new=d["min_new"], params=params, sampler=SAMPLER_VERSION, **extra) for i, d in enumerate(docs)}
+    jobs = [(d["ids"][:P], d["seed"], d["max_new"], d["min_new"]) for d in docs]
+    spec, device, trc, temp, top_p, bs = (cfg["generator"], cfg["device"], cfg["trust_remote_code"], dc["temperature"],
+                                          dc["top_p"], dc["batch_size"])
+    def compute(todo):   # yields rows as they finish: stored batch by batch, so an interrupted run resumes where it stopped
+        lm = load_causal_lm(spec, device=device, trust_remote_code=trc)
+        procs = None
+        if watermark is not None:
+            from stealth_eval.watermark import KGWLogitsProcessor
+            procs = [KGWLogitsProcessor(watermark, lm.model.config.get_text_config().vocab_size, temp)]
+        yield from iter_continuations(lm, *[[jobs[i][k] for i in todo] for k in range(4)], temp, top_p, bs,
+                                      desc=f"{name}: continuations by {spec}", logits_processors=procs)
+    got = cache.fetch(keys, compute)
+    for i, d in enumerate(docs): d["new"] = got[i]
 
 def _lee_records(cfg: dict, tok, human_docs: list, ai_docs: list, gen_name: str, drops: list, paired: bool,
                  id_prefix: str = "") -> list:
@@ -235,10 +233,9 @@ def _lee_records(cfg: dict, tok, human_docs: list, ai_docs: list, gen_name: str,
 def build_lee_news(cfg: dict, cache: Cache, name: str = "lee_news", watermark: bool = False) -> Built:
     "Balanced human/AI records from the Lee corpus and generator continuations, the drops, and the training split."
     import numpy as np
-    from stealth_eval.models import load_causal_lm
+    from stealth_eval.models import lm_identity, load_tokenizer
     dc = cfg["data"]
-    lm = load_causal_lm(cfg["generator"], device=cfg["device"], trust_remote_code=cfg["trust_remote_code"])
-    tok = lm.tokenizer
+    tok = load_tokenizer(cfg["generator"], trust_remote_code=cfg["trust_remote_code"])   # the model loads where it generates
     docs, drops = _lee_pool(cfg, tok)
     order = np.random.default_rng(cfg["seed"]).permutation(len(docs))
     n = dc["n_per_class"]
@@ -256,7 +253,8 @@ def build_lee_news(cfg: dict, cache: Cache, name: str = "lee_news", watermark: b
     if watermark:
         from stealth_eval.watermark import watermark_params
         wm = watermark_params(cfg)
-    _lee_continue(cfg, cache, lm, chosen + train_a, name, wm)
+    _lee_continue(cfg, cache, lm_identity(cfg["generator"], device=cfg["device"], trust_remote_code=cfg["trust_remote_code"]),
+                  chosen + train_a, name, wm)
     gen_name = cfg["generator"] + ("+kgw" if watermark else "")
     prefix = "kgw_" if watermark else ""   # ids unique across the run's datasets; source_id stays the Lee document
     records = _lee_records(cfg, tok, chosen, chosen, gen_name, drops, paired=True, id_prefix=prefix)

@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 
 from .core import StealthEvalError, atomic_write_text, file_sha256, get_logger, sha256_text, stable_hash, user_cache_dir
@@ -21,7 +21,8 @@ __all__ = ['EMBEDDED_LMS', 'ENCODE_VERSION', 'SAMPLER_VERSION', 'CHAT_VERSION', 
            'available_offline', 'resolve_device', 'lm_identity', 'load_causal_lm', 'load_tokenizer', 'model_max_tokens',
            'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches', 'default_token_budget', 'scoring_budget',
            'pad_batch', 'Embedder', 'embedder_identity', 'load_embedder', 'similarities', 'row_seed', 'counter_uniform',
-           'seeded_sample', 'SeededSampler', 'sample_continuations', 'chat_prompt_ids', 'chat_generate']
+           'seeded_sample', 'SeededSampler', 'iter_continuations', 'sample_continuations', 'chat_prompt_ids',
+           'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
 def _package_dir(pkg: str) -> Path:
@@ -547,16 +548,15 @@ def _decode_batch(lm, jobs, eos_ids, pad, temperature, top_p, processors=(), sto
         if len(j["new"]) >= j["mx"]: j["ended"] = True
     return [j for j in jobs if j.get("ended")]
 
-def sample_continuations(lm: LoadedLM,
-                         prompts: list,            # token-id lists (no padding)
-                         seeds: list,              # one seed per prompt
-                         max_new_tokens,           # int or one per prompt
-                         min_new_tokens=0,         # int or one per prompt (EOS is suppressed before it)
-                         temperature: float = 1.0, top_p: float = 1.0,
-                         batch_size: int = 8, desc: str = "generate",
-                         on_batch=None,            # called as on_batch(indices, token_lists) as rows finish
-                         logits_processors=None) -> list:  # applied before sampling, in order (e.g. a watermark)
-    """New token ids for each prompt (EOS excluded), on the model's device, each row sampled with its own seed.
+def iter_continuations(lm: LoadedLM,
+                       prompts: list,            # token-id lists (no padding)
+                       seeds: list,              # one seed per prompt
+                       max_new_tokens,           # int or one per prompt
+                       min_new_tokens=0,         # int or one per prompt (EOS is suppressed before it)
+                       temperature: float = 1.0, top_p: float = 1.0,
+                       batch_size: int = 8, desc: str = "generate",
+                       logits_processors=None):  # applied before sampling, in order (e.g. a watermark)
+    """Yield (prompt indices, their new token ids) as rows finish (EOS excluded), each row sampled with its own seed.
     Continuous refill: once fewer than a quarter of the rows of a batch still run, they stop and resume in the next
     batch beside new prompts, so one long answer does not hold a whole batch. (A resumed row is prefilled again; with
     the threshold at a half, 200 paraphrases on 2 CPU cores took 10 minutes for 20k new tokens, mostly re-prefill.)"""
@@ -569,21 +569,30 @@ def sample_continuations(lm: LoadedLM,
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
     order = sorted(range(n), key=lambda i: (mx[i], len(prompts[i]), i))  # similar lengths share a batch
     queue = [{"i": i, "prompt": prompts[i], "new": [], "seed": int(seeds[i]), "mn": mn[i], "mx": mx[i]} for i in order]
-    results = [None] * n
     bar = progress(total=n, desc=desc, unit="text")
-    def finish(jobs):
-        for j in jobs: results[j["i"]] = j["new"]
-        if jobs and on_batch: on_batch([j["i"] for j in jobs], [j["new"] for j in jobs])   # e.g. cached now
-        bar.update(len(jobs))
-    finish([j for j in queue if j["mx"] <= 0])
+    done = [j for j in queue if j["mx"] <= 0]
+    if done: yield [j["i"] for j in done], [j["new"] for j in done]
+    bar.update(len(done))
     queue = [j for j in queue if j["mx"] > 0]
     while queue:
         batch, queue = queue[:batch_size], queue[batch_size:]
         ended = _decode_batch(lm, batch, eos_ids, pad, temperature, top_p, logits_processors or (),
                               stop_below=(batch_size + 3) // 4 if queue else 0)
-        finish(ended)
+        if ended: yield [j["i"] for j in ended], [j["new"] for j in ended]
+        bar.update(len(ended))
         queue = [j for j in batch if not j.get("ended")] + queue                     # the unfinished go first
     bar.close()
+
+def sample_continuations(lm: LoadedLM, prompts: list, seeds: list, max_new_tokens, min_new_tokens=0,
+                         temperature: float = 1.0, top_p: float = 1.0, batch_size: int = 8, desc: str = "generate",
+                         on_batch=None,            # called as on_batch(indices, token_lists) as rows finish
+                         logits_processors=None) -> list:
+    "New token ids for each prompt (EOS excluded): `iter_continuations` collected in the prompts' order."
+    results = [None] * len(prompts)
+    for idx, toks in iter_continuations(lm, prompts, seeds, max_new_tokens, min_new_tokens, temperature, top_p,
+                                        batch_size, desc, logits_processors):
+        for i, t in zip(idx, toks): results[i] = t
+        if on_batch: on_batch(idx, toks)
     return results
 
 # %% ../nbs/02_models.ipynb #a6b81d16
@@ -599,33 +608,34 @@ def chat_prompt_ids(tokenizer, message: str, system: str | None = None) -> list:
     return tokenizer(text, add_special_tokens=False).input_ids
 
 # %% ../nbs/02_models.ipynb #bc6d9286
-def chat_generate(lm,                        # LoadedLM, or a model spec for load_causal_lm
+def chat_generate(lm,                        # model spec, LoadedLM, or a loader: a function returning a LoadedLM
                   messages: list,            # one user message per row
                   seeds: list,               # one seed per row
                   cache,                     # core.Cache
                   max_new_tokens=256,        # int or one per row
                   temperature: float = 1.0, top_p: float = 1.0, min_new_tokens=0,
                   system: str | None = None, batch_size: int = 8, device: str = "auto",
-                  desc: str = "chat generate") -> list:
-    "One sampled answer (str) per (message, seed), cached by content; the model loads only if something is missing."
+                  desc: str = "chat generate",
+                  identity: str | None = None) -> list:  # the model's identity (needed with a loader)
+    """One sampled answer (str) per (message, seed), cached by content. The model loads only if something is missing,
+    where the cache's engine computes (a spec or a loader travels to Ray actors; a LoadedLM travels whole)."""
     n = len(messages)
     mx = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
     mn = [min_new_tokens] * n if isinstance(min_new_tokens, int) else list(min_new_tokens)
-    loaded = lm if isinstance(lm, LoadedLM) else None
-    identity = loaded.identity if loaded else lm_identity(lm, device=device)
-    keys = [cache.key("chat_generate", model=identity, message=sha256_text(m), system=system, seed=int(s), max_new=mx[i],
-                      min_new=mn[i], temperature=temperature, top_p=top_p, version=CHAT_VERSION)
-            for i, (m, s) in enumerate(zip(messages, seeds))]
-    out = [cache.get(k) for k in keys]
-    todo = [i for i in range(n) if out[i] is None]
-    if todo:
-        loaded = loaded or load_causal_lm(lm, device=device)
+    if isinstance(lm, LoadedLM): loader, identity = (lambda: lm), lm.identity
+    elif isinstance(lm, str): loader, identity = partial(load_causal_lm, lm, device=device), lm_identity(lm, device=device)
+    elif identity is None: raise ValueError("chat_generate: a loader needs the model's identity (identity=...)")
+    else: loader = lm
+    keys = {i: cache.key("chat_generate", model=identity, message=sha256_text(m), system=system, seed=int(s), max_new=mx[i],
+                         min_new=mn[i], temperature=temperature, top_p=top_p, version=CHAT_VERSION)
+            for i, (m, s) in enumerate(zip(messages, seeds))}
+    def compute(todo):   # yields each finished batch, so every answer is stored as soon as it exists
+        loaded = loader()
         tok = loaded.tokenizer
         prompts = [chat_prompt_ids(tok, messages[i], system) for i in todo]
-        def store(rows, toks):
-            for r, t in zip(rows, toks):
-                i = todo[r]
-                out[i] = cache.put(keys[i], tok.decode(t, skip_special_tokens=True).strip())
-        sample_continuations(loaded, prompts, [seeds[i] for i in todo], [mx[i] for i in todo], [mn[i] for i in todo],
-                             temperature=temperature, top_p=top_p, batch_size=batch_size, desc=desc, on_batch=store)
-    return out
+        for rows, toks in iter_continuations(loaded, prompts, [seeds[i] for i in todo], [mx[i] for i in todo],
+                                             [mn[i] for i in todo], temperature=temperature, top_p=top_p,
+                                             batch_size=batch_size, desc=desc):
+            yield rows, [tok.decode(t, skip_special_tokens=True).strip() for t in toks]
+    got = cache.fetch(keys, compute)
+    return [got[i] for i in range(n)]

@@ -11,7 +11,7 @@ import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 
 from .components import METHODS, FunctionMethod
@@ -120,10 +120,12 @@ def generate_answers(target,                 # model spec, LoadedLM or AdaptedSp
         return _vllm_generate(target, messages, seeds, cache, cfg, max_new_tokens, temperature, top_p, system)
     if backend != "transformers":
         raise StealthEvalError(f"generation_backend must be 'transformers' or 'vllm', got {backend!r}")
-    if isinstance(target, AdaptedSpec): target = load_adapted_lm(target.base, target.adapter, cfg.get("device", "auto"))
+    identity = None
+    if isinstance(target, AdaptedSpec):   # a loader: the adapted model loads where the cache's engine computes
+        identity, target = target.identity, partial(load_adapted_lm, target.base, target.adapter, cfg.get("device", "auto"))
     return chat_generate(target, messages, seeds, cache, max_new_tokens=max_new_tokens, temperature=temperature,
                          top_p=top_p, system=system, batch_size=cfg.get("paraphrase_batch_size", 8),
-                         device=cfg.get("device", "auto"), desc=desc)
+                         device=cfg.get("device", "auto"), desc=desc, identity=identity)
 
 # %% ../nbs/11_paraphrase.ipynb #a56b88e0
 @lru_cache(maxsize=2)
@@ -188,8 +190,9 @@ def adapter_spec(base: str, adapter: str, device: str = "auto") -> AdaptedSpec:
 
 # %% ../nbs/11_paraphrase.ipynb #434098db
 @lru_cache(maxsize=2)
+@lru_cache(maxsize=2)
 def load_adapted_lm(base: str, adapter: str, device: str = "auto"):
-    "A LoadedLM of `base` with the peft LoRA adapter applied (a fresh copy of the base weights)."
+    "A LoadedLM of `base` with the peft LoRA adapter applied (a fresh copy of the base weights; memoised per process)."
     from peft import PeftModel
     from stealth_eval.models import LoadedLM, load_causal_lm
     spec = adapter_spec(base, adapter, device)

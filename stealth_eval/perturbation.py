@@ -302,25 +302,24 @@ def perturb_texts(texts: list, mode: str, cfg: dict, cache: Cache) -> dict:
     uniq = {sha256_text(t): t for t in texts}
     keys = {(h, i): cache.key("perturbation", filler=mode, model=ident, text=h, i=i, seed=cfg["seed"], version=PERTURB_VERSION,
                               **settings) for h in uniq for i in range(n)}
-    got = {hi: cache.get(k, default="<miss>") for hi, k in keys.items()}
-    todo = sorted({h for (h, i), v in got.items() if v == "<miss>"})
-    if todo:
+    seed, device, trc, max_attempts = cfg["seed"], cfg["device"], cfg["trust_remote_code"], int(p.get("max_attempts", 1))
+    def compute(todo):   # (text, i) pairs; each draws its masks and fills with its own seeds, retried up to max_attempts
         if mode == "t5":
-            filler = load_t5(p["t5_model"], cfg["device"]); tok, window = filler[1], int(p["t5_max_input_tokens"])
+            filler = load_t5(p["t5_model"], device); tok, window = filler[1], int(p["t5_max_input_tokens"])
         else:
-            filler = load_causal_lm(p["infill_model"], device=cfg["device"], trust_remote_code=cfg["trust_remote_code"])
+            filler = load_causal_lm(p["infill_model"], device=device, trust_remote_code=trc)
             tok, window = filler.tokenizer, filler.max_length // 2        # half the context: room for the fills
-        src = {h: _fit_words(uniq[h], tok, window) for h in todo}
-        pending = {(h, i): 0 for (h, i), v in got.items() if v == "<miss>"}   # -> attempt number
+        src = {h: _fit_words(uniq[h], tok, window) for h in sorted({h for h, _ in todo})}
+        res, pending = {}, {hi: 0 for hi in todo}   # -> attempt number
         while pending:
             jobs, ids = [], []
             for (h, i), a in sorted(pending.items()):
                 toks = mask_spans(src[h][0], p["span_length"], p["pct_words_masked"], p["buffer_size"],
-                                  row_seed(cfg["seed"], h, "perturb-mask", i, a))
+                                  row_seed(seed, h, "perturb-mask", i, a))
                 if toks is None:   # too short for one span: no perturbation can exist
-                    got[h, i] = cache.put(keys[h, i], {"text": None, "n_words": len(src[h][0].split(" ")), "attempts": a + 1})
+                    res[h, i] = {"text": None, "n_words": len(src[h][0].split(" ")), "attempts": a + 1}
                 else: jobs.append(toks); ids.append((h, i))
-            seeds = [row_seed(cfg["seed"], h, "perturb-fill", i, pending[h, i]) for h, i in ids]
+            seeds = [row_seed(seed, h, "perturb-fill", i, pending[h, i]) for h, i in ids]
             if mode == "t5":
                 fills = t5_fill(filler, jobs, seeds, p["mask_top_p"], int(p["t5_max_length"]), int(p["batch_size"]))
             else:
@@ -330,10 +329,12 @@ def perturb_texts(texts: list, mode: str, cfg: dict, cache: Cache) -> dict:
             nxt = {}
             for (h, i), toks, f in zip(ids, jobs, fills):
                 text = apply_fills(toks, f)
-                if text is None and pending[h, i] + 1 < int(p.get("max_attempts", 1)): nxt[h, i] = pending[h, i] + 1; continue
-                got[h, i] = cache.put(keys[h, i], {"text": text, "n_words": len(src[h][0].split(" ")), "attempts": pending[h, i] + 1})
+                if text is None and pending[h, i] + 1 < max_attempts: nxt[h, i] = pending[h, i] + 1; continue
+                res[h, i] = {"text": text, "n_words": len(src[h][0].split(" ")), "attempts": pending[h, i] + 1}
             if nxt: get_logger().info(f"{len(nxt)} T5 fills had too few spans: drawing again")
             pending = nxt
+        return [res[hi] for hi in todo]
+    got = cache.fetch(keys, compute)
     out = {}
     for h, t in uniq.items():
         n_words = got[h, 0]["n_words"] if n else len(t.split(" "))

@@ -30,7 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 "and write paper artifacts (scores, quality, metrics with bootstrap CIs, figures, tables).",
                                 epilog="Other commands: `stealth-eval report [--out_dir RUN] [--site_dir DIR]` builds the HTML report "
                                 "site of a run (nbconvert, no Quarto); `stealth-eval docs [--site_dir DIR]` builds the library documentation "
-                                "offline (a page per notebook; default _docs/); `stealth-eval readme` rewrites README.md from nbs/index.ipynb.")
+                                "offline (a page per notebook; default _docs/); `stealth-eval cache verify|prune [--cache_dir DIR]` checks or cleans the "
+                                "content cache; `stealth-eval readme` rewrites README.md from nbs/index.ipynb. "
+                                "Exit status: 0 done, 1 internal error (a bug: please report it), 2 user error (the message says "
+                                "what to change), 130 interrupted (finished work is kept; the same command resumes).")
     from stealth_eval import __version__
     p.add_argument("--version", action="version", version=f"stealth-eval {__version__}")
     p.add_argument("--profile", default="embedded", choices=list(PROFILES), help="defaults for models and sizes (default: embedded, offline)")
@@ -44,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override configuration values, e.g. --set data.n_per_class=50 homoglyph_rates=[0.01]")
     p.add_argument("--cache_dir", default=None, help="content cache folder (default: ~/.cache/stealth_eval/store)")
     p.add_argument("--no_cache", action="store_true", help="recompute everything (neither read nor write the content cache)")
+    p.add_argument("--engine", choices=["local", "ray"], default=None, help="where per-text work runs: this process "
+                   "(local, the default) or a Ray cluster (ray; `pip install -e \".[ray]\"`; --set engine.address=... names one)")
     p.add_argument("--offline", action="store_true", help="never touch the network: models must be embedded, local folders or already cached")
     p.add_argument("--trust_remote_code", action="store_true", help="allow models whose code lives in their hub repository (off by default)")
     p.add_argument("--plugin", nargs="+", default=[], metavar="FILE.py|MODULE", dest="plugins",
@@ -120,42 +125,10 @@ def _stage_status(info: dict, out: Path, nb: str, status: str, t0: float, error:
     info["stages"][nb] = {"status": status, "seconds": round(time.time() - t0, 1), **({"error": error} if error else {})}
     write_json(out / "run_info.json", info)
 
-def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detectors=None, n_candidates=None,
-                 out_dir: str = "artifacts", seed: int = 0, overrides=None, no_cache: bool = False, nbs_dir=None,
-                 offline: bool = False, trust_remote_code: bool = False, cache_dir=None, plugins=None) -> Path:
-    "Run the five stages; return the run folder."
-    import os
+def _run_stages(nbs: Path, out: Path, params: dict, info: dict, mon=None):
+    "Execute the stage notebooks in order with papermill, recording each stage's status in run_info.json."
     import papermill as pm
-    from stealth_eval.config import parse_set, resolve_config
-    from stealth_eval.data import load_dataset_file
     log = get_logger()
-    ov = parse_set(overrides) if isinstance(overrides, list) else dict(overrides or {})
-    if trust_remote_code: ov["trust_remote_code"] = True
-    if cache_dir: ov["cache_dir"] = str(cache_dir)
-    from stealth_eval.data import check_usable
-    check_dataset_args(datasets)
-    cfg = resolve_config(profile, datasets, methods, detectors, n_candidates, seed, out_dir, ov, no_cache, plugins)
-    if offline:
-        os.environ.update(OFFLINE_ENV)   # inherited by every stage's kernel: hub clients refuse network access
-        check_offline(cfg)
-    for spec in cfg["datasets"]:          # fail before any stage runs
-        if spec["path"]: check_usable(load_dataset_file(spec["path"], cfg["validity"]["min_words"]), spec["path"])
-    nbs = _notebooks_dir(nbs_dir)
-    out = usable_dir(cfg["out_dir"], "--out_dir")
-    if cfg.get("cache_dir") and not no_cache: usable_dir(cfg["cache_dir"], "--cache_dir")
-    (out / "notebooks").mkdir(parents=True, exist_ok=True)
-    write_json(out / "config.json", cfg)
-    params = {"config_path": str(out / "config.json")}   # resolved once: every stage loads this file
-    info = {"command": sys.argv, "parameters": {"profile": profile, "overrides": ov, "plugins": cfg["plugins"], **params}, "offline": bool(offline), "versions": package_versions(), "git": git_commit(),
-            "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "stages": {}}
-    mon = None
-    if cfg.get("rehearsal"):   # random-weight stand-ins (06_rehearsal): said in large letters, memory polled per stage
-        from stealth_eval.rehearsal import StageMonitor, banner
-        info["rehearsal"], mon = True, StageMonitor()
-        log.warning("\n" + banner())
-    write_json(out / "run_info.json", info)
-    log.info(f"run folder {out} (profile {profile}, datasets {[d['name'] for d in cfg['datasets']]}, "
-             f"methods {cfg['methods']}, detectors {cfg['detectors']})")
     for nb in PIPELINE:
         t0 = time.time()
         log.info(f"stage {nb} ...")
@@ -182,6 +155,54 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
         info["stages"][nb] = {"status": "ok", "seconds": round(time.time() - t0, 1), **(mon.stop() if mon else {})}
         write_json(out / "run_info.json", info)
         log.info(f"stage {nb} done in {time.time() - t0:.0f} s")
+
+def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detectors=None, n_candidates=None,
+                 out_dir: str = "artifacts", seed: int = 0, overrides=None, no_cache: bool = False, nbs_dir=None,
+                 offline: bool = False, trust_remote_code: bool = False, cache_dir=None, plugins=None,
+                 engine: str | None = None) -> Path:
+    "Run the five stages; return the run folder."
+    import os
+    from stealth_eval.config import parse_set, resolve_config
+    from stealth_eval.data import load_dataset_file
+    log = get_logger()
+    ov = parse_set(overrides) if isinstance(overrides, list) else dict(overrides or {})
+    if trust_remote_code: ov["trust_remote_code"] = True
+    if cache_dir: ov["cache_dir"] = str(cache_dir)
+    if engine: ov["engine.name"] = engine
+    from stealth_eval.data import check_usable
+    check_dataset_args(datasets)
+    cfg = resolve_config(profile, datasets, methods, detectors, n_candidates, seed, out_dir, ov, no_cache, plugins)
+    if offline:
+        os.environ.update(OFFLINE_ENV)   # inherited by every stage's kernel: hub clients refuse network access
+        check_offline(cfg)
+    if cfg["engine"]["name"] == "ray":    # fail before any stage runs when Ray is missing
+        from stealth_eval.engine import require_ray
+        require_ray()
+    for spec in cfg["datasets"]:          # fail before any stage runs
+        if spec["path"]: check_usable(load_dataset_file(spec["path"], cfg["validity"]["min_words"]), spec["path"])
+    nbs = _notebooks_dir(nbs_dir)
+    out = usable_dir(cfg["out_dir"], "--out_dir")
+    if cfg.get("cache_dir") and not no_cache: usable_dir(cfg["cache_dir"], "--cache_dir")
+    (out / "notebooks").mkdir(parents=True, exist_ok=True)
+    write_json(out / "config.json", cfg)
+    params = {"config_path": str(out / "config.json")}   # resolved once: every stage loads this file
+    info = {"command": sys.argv, "parameters": {"profile": profile, "overrides": ov, "plugins": cfg["plugins"], **params}, "offline": bool(offline), "versions": package_versions(), "git": git_commit(),
+            "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "stages": {}}
+    mon = None
+    if cfg.get("rehearsal"):   # random-weight stand-ins (06_rehearsal): said in large letters, memory polled per stage
+        from stealth_eval.rehearsal import StageMonitor, banner
+        info["rehearsal"], mon = True, StageMonitor()
+        log.warning("\n" + banner())
+    write_json(out / "run_info.json", info)
+    log.info(f"run folder {out} (profile {profile}, datasets {[d['name'] for d in cfg['datasets']]}, "
+             f"methods {cfg['methods']}, detectors {cfg['detectors']}, engine {cfg['engine']['name']})")
+    ray_started = False
+    if cfg["engine"]["name"] == "ray":    # one local Ray instance for the whole run, unless a cluster is named
+        from stealth_eval.engine import start_local_cluster, stop_local_cluster
+        ray_started = start_local_cluster(cfg["engine"])
+    try: _run_stages(nbs, out, params, info, mon)
+    finally:
+        if ray_started: stop_local_cluster()
     info["data_sha256"] = {p.name: file_sha256(p) for p in sorted((out / "data").glob("*.jsonl"))}
     info["files"] = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and "notebooks" not in p.parts)
     info["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -298,7 +319,7 @@ def main(argv=None) -> int:
             return EXIT_OK
         out = run_pipeline(args.profile, args.datasets, args.methods, args.detectors, args.n_candidates, args.out_dir,
                            args.seed, args.overrides, args.no_cache, args.nbs_dir, args.offline, args.trust_remote_code,
-                           args.cache_dir, args.plugins)
+                           args.cache_dir, args.plugins, args.engine)
     except StealthEvalError as e:
         print(f"stealth-eval: error: {e}", file=sys.stderr)
         return EXIT_USER

@@ -18,7 +18,7 @@ from .core import StealthEvalError
 # %% auto #0
 __all__ = ['RUNNER_KEYS', 'setting', 'kind_of', 'type_name', 'accepts', 'SettingsError', 'check_value', 'Section', 'section',
            'Data', 'Watermark', 'ClassifierOffline', 'Validity', 'Perturbation', 'Shield', 'Polish', 'Acceptance',
-           'Settings', 'settings_rows']
+           'Engine', 'Settings', 'settings_rows']
 
 # %% ../nbs/03_schema.ipynb #c1d89573
 def setting(default, doc: str = "", check: str | None = None, choices: str | None = None, allowed: str = ""):
@@ -256,6 +256,18 @@ class Acceptance(Section):
     homoglyph_min_rates: int = setting(2, "and holds at least this many rates (a sweep)", "count")
     significant: bool = setting(True, "a reduction counts only when the CI of its difference lies below 0 (False: its point estimate)")
 
+@section("engine")
+class Engine(Section):
+    "Where the per-text work of every stage runs (#15): in the stage's own process, or as Ray Data pipelines."
+    name: str = setting("local", "local: in the stage's process; ray: Ray Data actors, one per GPU (or CPU slot), each holding its model",
+                        choices="local|ray", allowed="local or ray")
+    address: str = setting("", "Ray cluster to join ('auto', 'HOST:6379' or 'ray://HOST:10001'); '': a local instance the runner starts")
+    workers: int = setting(0, "actors per pipeline (0: as many as the cluster's GPUs, or its CPUs when it has none, allow)", "count0")
+    gpus_per_worker: float = setting(1.0, "GPUs each actor holds (on a cluster without GPUs: none)")
+    cpus_per_worker: float = setting(1.0, "CPUs each actor holds", "positive")
+    batch_size: int = setting(64, "texts per Ray Data batch: the unit of work, of retry after a fault and of storing in the cache", "count")
+    torch_threads: int = setting(0, "torch threads of each actor (0: the stage's own count, so results match the local engine bit for bit)", "count0")
+
 # %% ../nbs/03_schema.ipynb #09a8e771
 _DEVICE, _DEVICES = r"auto|cpu|mps|cuda(:[0-9]+)?", "auto, cpu, mps, cuda or cuda:N"
 
@@ -323,6 +335,7 @@ class Settings(Section):
     reward_detectors: dict[str, list[str]] = setting({"m2": ["roberta_openai", "fast_detectgpt"], "m4": ["originality_ai"]},
         "method -> the detectors it was optimised against (M2: its reward; M4: its model card; M3: each row's guide=, added)")
     acceptance: Acceptance = setting(Acceptance(), "thresholds of the spec's acceptance criteria (35_acceptance)")
+    engine: Engine = setting(Engine(), "where the per-text work runs: this process or a Ray cluster (08_engine); never part of a result's key")
     rehearsal: dict | None = setting(None, "the rehearsal profile's stand-ins (06_rehearsal)")
     profile: str = setting("embedded", "the profile these settings started from")
     seed: int = setting(0, "seed of every sampler and resample", "count0")

@@ -19,7 +19,7 @@ STAGES = [("data", {"data", "benchmarks", "benchmarks_hub"}),
           ("report", {"report"}),
           ("run", {"run"})]
 # below every stage: they may not import any stage module
-BASE = {"core", "components", "models", "schema", "watermark"}
+BASE = {"core", "components", "engine", "models", "schema", "watermark"}
 
 
 def import_graph() -> dict:
