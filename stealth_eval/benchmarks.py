@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from .core import Registry, StealthEvalError, UnknownNameError, few as _few, stable_hash
+from .data import file_source, record_source
 
 # %% auto #0
 __all__ = ['DATA_ENV', 'BENCHMARK_SOURCES', 'PADBEN_SPLIT', 'PADBEN_TASKS', 'PADBEN_GENERATOR', 'PADBEN_LABELS', 'APT_COLUMNS',
@@ -92,6 +93,7 @@ def _read_json_rows(path: Path, columns) -> list:
         found = sorted({k for r in rows for k in r})
         raise StealthEvalError(f"{path}: missing column(s) {_few(miss)} (in {max(miss.values())} of {len(rows)} rows, "
                                f"first row {first}); expected: {', '.join(columns)}; found: {', '.join(found) or 'none'}")
+    record_source(file_source(path, "json"))   # size and SHA-256 into the run's provenance
     return rows
 
 def _read_csv_rows(path: Path, columns) -> list:
@@ -105,6 +107,7 @@ def _read_csv_rows(path: Path, columns) -> list:
     if missing:
         raise StealthEvalError(f"{path}: missing column(s) {_few(missing)}; expected: {', '.join(columns)}; "
                                f"found: {', '.join(map(str, df.columns)) or 'none'}")
+    record_source(file_source(path, "pandas.read_csv"))
     return df.to_dict(orient="records")
 
 def _check_values(path, column: str, values, allowed, expected: str = ""):

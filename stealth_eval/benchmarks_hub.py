@@ -11,17 +11,21 @@ import math
 import os
 import re
 from collections import Counter, defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 from .core import StealthEvalError, UnknownNameError, few as _few, get_logger, read_json
+from .data import file_source, record_source
 from .models import offline_mode
 
 # %% auto #0
-__all__ = ['MAGE_REPO', 'MAGE_COLUMNS', 'MAGE_LABELS', 'MAGE_HF_TEST_FILES', 'RAID_REPO', 'RAID_COLUMNS', 'RAID_NEEDED',
-           'RAID_DEFAULT_DOMAINS', 'RAID_DEFAULT_GENERATORS', 'BEEMO_REPO', 'BEEMO_COLUMNS', 'BEEMO_REQUIRED',
-           'BEEMO_EDITORS', 'BEEMO_TASKS', 'AP_SETTINGS', 'AP_GUIDANCE', 'AP_PARAPHRASER', 'AP_ORIGIN',
-           'resolve_benchmark', 'parse_mage_src', 'read_mage_csv', 'load_mage', 'load_raid_slice', 'parse_beemo_edits',
-           'load_beemo', 'beemo_task', 'read_hf_arrow_folder', 'mage_upstream_sample', 'load_adversarial_paraphrasing']
+__all__ = ['MAGE_REPO', 'MAGE_REVISION', 'MAGE_COLUMNS', 'MAGE_LABELS', 'MAGE_HF_TEST_FILES', 'RAID_REPO', 'RAID_REVISION',
+           'RAID_COLUMNS', 'RAID_NEEDED', 'RAID_DEFAULT_DOMAINS', 'RAID_DEFAULT_GENERATORS', 'BEEMO_REPO',
+           'BEEMO_REVISION', 'BEEMO_COLUMNS', 'BEEMO_REQUIRED', 'BEEMO_EDITORS', 'BEEMO_TASKS', 'AP_SETTINGS',
+           'AP_GUIDANCE', 'AP_PARAPHRASER', 'AP_ORIGIN', 'resolve_benchmark', 'hub_revision', 'csv_header',
+           'load_table', 'iter_batches', 'parse_mage_src', 'read_mage_csv', 'load_mage', 'load_raid_slice',
+           'parse_beemo_edits', 'load_beemo', 'beemo_task', 'read_hf_arrow_folder', 'mage_upstream_sample',
+           'load_adversarial_paraphrasing']
 
 # %% ../nbs/05_benchmarks_hub.ipynb #e619b978
 def _drop(id, filter: str, reason: str, **kw) -> dict: return {"id": str(id), "filter": filter, "reason": reason, **kw}
@@ -32,13 +36,26 @@ def _need_columns(columns, required, where, fmt: str):
         raise StealthEvalError(f"{where}: missing column(s) {_few(missing)}; {fmt} has {', '.join(required)}; "
                                f"found: {', '.join(map(str, columns)) or 'none'}")
 
+def _first_line(e) -> str: return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+def _no_copy(name: str, files, why: str, repo_id=None, origin: str = "") -> StealthEvalError:
+    "The error for a benchmark that cannot be had: why, and which files to put where."
+    env = os.environ.get("STEALTH_EVAL_DATA", "")
+    where = f"$STEALTH_EVAL_DATA/{name}/ (STEALTH_EVAL_DATA is {'set to ' + env if env else 'not set'})"
+    origin = origin or f"https://huggingface.co/datasets/{repo_id}"
+    return StealthEvalError(f"{name}: no local copy, and {why}. Put {', '.join(files)} from {origin} into {where}, "
+                            f"or pass path=...")
+
+def _hub_failed(name: str, files, repo_id: str, e: Exception) -> StealthEvalError:
+    return _no_copy(name, files, f"downloading it from the hub failed ({type(e).__name__}: {_first_line(e)})", repo_id)
+
 def resolve_benchmark(name: str,  # the benchmark's folder name under `$STEALTH_EVAL_DATA`
                       path=None,  # an explicit file or folder; wins over everything else
-                      files: tuple = (),  # the upstream files the loader reads (hub download patterns; named in errors)
+                      files: tuple = (),  # the upstream files the loader reads (hub file names; named in errors)
                       repo_id: str | None = None,  # Hugging Face dataset repository; None: not distributed on the hub
                       origin: str = "",  # where to get the files by hand, when that is not the hub repository
-                      ) -> Path:
-    "The file or folder holding a benchmark: `path`, else `$STEALTH_EVAL_DATA/<name>/`, else the hub (online only)."
+                      ) -> Path | None:
+    "The local file or folder of a benchmark: `path`, else `$STEALTH_EVAL_DATA/<name>/`; None: read it from the hub (online only)."
     if path is not None:
         p = Path(path).expanduser()
         if not p.exists(): raise StealthEvalError(f"{p}: no such file or folder (given as the path of {name})")
@@ -47,20 +64,84 @@ def resolve_benchmark(name: str,  # the benchmark's folder name under `$STEALTH_
     if env and (Path(env).expanduser() / name).exists(): return Path(env).expanduser() / name
     if repo_id is None: why = "it is not distributed on the Hugging Face hub"
     elif offline_mode(): why = "offline mode (HF_HUB_OFFLINE=1) forbids the hub"
+    else: return None
+    raise _no_copy(name, files, why, repo_id, origin)
+
+# %% ../nbs/05_benchmarks_hub.ipynb #2a80e849
+def hub_revision(repo_id: str, revision: str) -> str:
+    "The commit that a hub revision names now (a 40-hex commit hash is returned as it is, without the network)."
+    if re.fullmatch(r"[0-9a-f]{40}", revision): return revision
+    from huggingface_hub import HfApi
+    return HfApi().dataset_info(repo_id, revision=revision).sha
+
+def _read_error(where, e: BaseException) -> StealthEvalError:
+    "One line naming the file and the innermost cause (`datasets` wraps a reader's error in its own)."
+    seen = set()
+    while (e.__cause__ or e.__context__) is not None and id(e) not in seen: seen.add(id(e)); e = e.__cause__ or e.__context__
+    if isinstance(e, UnicodeDecodeError): return StealthEvalError(f"{where}: invalid UTF-8 ({e.reason})")
+    return StealthEvalError(f"{where}: not readable ({type(e).__name__}: {_first_line(e)})")
+
+def csv_header(path) -> list:
+    "The column names of a CSV file, local or `hf://...` (only its first record is read)."
+    import csv, fsspec
+    try:
+        with fsspec.open(str(path), "r", encoding="utf-8-sig", newline="") as f: return next(csv.reader(f), [])
+    except UnicodeDecodeError as e: raise StealthEvalError(f"{path}: invalid UTF-8 ({e.reason})") from None
+
+# %% ../nbs/05_benchmarks_hub.ipynb #42e594b0
+@contextmanager
+def _no_progress_bars():
+    import datasets
+    was = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try: yield
+    finally:
+        if was: datasets.enable_progress_bars()
+
+def load_table(name: str,  # the benchmark (named in errors)
+               data_files,  # a file or a list: local paths, or names/patterns inside the hub repository
+               repo_id: str | None = None,  # None: `data_files` are local; else the Hugging Face dataset repository
+               revision: str = "main",  # hub revision: a commit hash pins it; a branch is resolved to its current commit
+               columns=None,  # CSV: read only these columns, all as strings (empty cells stay '')
+               streaming: bool = False,  # True: an IterableDataset parsed lazily, no cache; False: a memory-mapped Arrow table
+               cache_dir=None,  # Arrow cache of a non-streamed table; default $HF_DATASETS_CACHE, else `datasets`' own
+               ) -> tuple:
+    "(table, source): a benchmark's CSV or Parquet files through `datasets.load_dataset`, local or hub; the source is recorded."
+    import datasets
+    files = [str(f) for f in ([data_files] if isinstance(data_files, (str, Path)) else data_files)]
+    fmt = "parquet" if files[0].endswith(".parquet") else "csv"
+    kw = {"split": "train", "streaming": streaming, "cache_dir": str(cache_dir or os.environ.get("HF_DATASETS_CACHE") or "") or None}
+    if fmt == "csv":
+        kw.update(encoding="utf-8-sig", na_filter=False)
+        if columns: kw.update(usecols=list(columns), features=datasets.Features({c: datasets.Value("string") for c in columns}))
+    reader = f"datasets {datasets.__version__} load_dataset({fmt!r}{', streaming' if streaming else ''})"
+    if repo_id is None:
+        urls, source = files, file_source(files, reader)
     else:
-        try:
-            from huggingface_hub import snapshot_download
-            return Path(snapshot_download(repo_id=repo_id, repo_type="dataset", allow_patterns=list(files)))
-        except Exception as e:
-            msg = (str(e).strip().splitlines() or [""])[0][:200]
-            why = f"downloading it from the hub failed ({type(e).__name__}: {msg})"
-    where = f"$STEALTH_EVAL_DATA/{name}/ (STEALTH_EVAL_DATA is {'set to ' + env if env else 'not set'})"
-    origin = origin or f"https://huggingface.co/datasets/{repo_id}"
-    raise StealthEvalError(f"{name}: no local copy, and {why}. Put {', '.join(files)} from {origin} into {where}, "
-                           f"or pass path=...")
+        try: revision = hub_revision(repo_id, revision)
+        except Exception as e: raise _hub_failed(name, files, repo_id, e) from None
+        urls = [f"hf://datasets/{repo_id}@{revision}/{f}" for f in files]
+        source = {"kind": "hub", "reader": reader, "repo_id": repo_id, "revision": revision, "files": files}
+    try:
+        with _no_progress_bars(): ds = datasets.load_dataset(fmt, data_files=urls, **kw)
+    except Exception as e:
+        if repo_id: raise _hub_failed(name, files, repo_id, e) from None
+        raise _read_error(urls[0] if len(urls) == 1 else f"{Path(urls[0]).parent} ({len(urls)} files)", e) from None
+    if not streaming: source["fingerprint"] = ds._fingerprint
+    return ds, record_source(source)
+
+def iter_batches(ds, where, batch_size: int = 10_000):
+    "The rows of a table (streamed or not) as pandas frames of up to `batch_size` rows; a read error names `where`."
+    it = iter(ds.with_format("pandas").iter(batch_size=batch_size))
+    while True:
+        try: b = next(it)
+        except StopIteration: return
+        except Exception as e: raise _read_error(where, e) from None
+        yield b
 
 # %% ../nbs/05_benchmarks_hub.ipynb #9da82411
 MAGE_REPO = "yaful/MAGE"
+MAGE_REVISION = "342663f0a2b775455c023f5d36a1341ff0ec5402"  # the head of `main` when pinned (its last commit: "Update README.md")
 MAGE_COLUMNS = ["text", "label", "src"]
 MAGE_LABELS = {"1": "human", "0": "ai"}  # MAGE's own convention: 1 = human-written, 0 = machine-generated
 MAGE_HF_TEST_FILES = ("test.csv", "test_ood_set_gpt.csv", "test_ood_set_gpt_para.csv")  # the hub's `test` split, in order
@@ -76,18 +157,22 @@ def parse_mage_src(src: str) -> dict:
     return {"domain": m["domain"], "generator": model, "prompt_type": m["prompt"]}
 
 # %% ../nbs/05_benchmarks_hub.ipynb #42da3612
-def read_mage_csv(path):
+def read_mage_csv(path,  # a MAGE CSV file, or with `repo_id` a file name in that hub repository
+                  repo_id: str | None = None,  # None: `path` is local
+                  revision: str = MAGE_REVISION):
     "A MAGE CSV (`text, label, src`) as a table with `row, text, label (human|ai), src`; other label values are errors."
-    import pandas as pd
-    path = Path(path)
-    try: df = pd.read_csv(path, encoding="utf-8-sig", keep_default_na=False, dtype=str)
-    except UnicodeDecodeError as e: raise StealthEvalError(f"{path}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
-    _need_columns(df.columns, MAGE_COLUMNS, path, "a MAGE file")
+    if repo_id is None:
+        path = Path(path)
+        _need_columns(csv_header(path), MAGE_COLUMNS, path, "a MAGE file")
+    ds, src = load_table("mage", path, repo_id, revision, columns=MAGE_COLUMNS)
+    df = ds.to_pandas()
+    where = path if repo_id is None else f"hf://datasets/{repo_id}@{src['revision'][:12]}/{path}"
     raw = df["label"].str.strip()
     bad = ~raw.isin(list(MAGE_LABELS))
     if bad.any():
-        raise StealthEvalError(f"{path}: column 'label' has unknown value(s) {_few(sorted(set(raw[bad])))} in {int(bad.sum())} "
+        raise StealthEvalError(f"{where}: column 'label' has unknown value(s) {_few(sorted(set(raw[bad])))} in {int(bad.sum())} "
                                f"row(s); MAGE labels are 1 = human, 0 = machine")
+    import pandas as pd
     return pd.DataFrame({"row": range(len(df)), "text": df["text"].tolist(), "label": raw.map(MAGE_LABELS).tolist(),
                          "src": df["src"].tolist()})
 
@@ -103,9 +188,11 @@ def load_mage(path=None,  # MAGE folder (with `<split>.csv`) or a CSV file; None
     "A balanced, seeded sample of a MAGE split within a token-length window: (records, drops)."
     import numpy as np
     where = resolve_benchmark("mage", path, (f"{split}.csv",), MAGE_REPO)
-    f = where if where.is_file() else where / f"{split}.csv"
-    if not f.exists(): raise StealthEvalError(f"{f}: not found; a MAGE folder holds {split}.csv (https://huggingface.co/datasets/{MAGE_REPO})")
-    df = read_mage_csv(f)
+    if where is None: df = read_mage_csv(f"{split}.csv", MAGE_REPO)   # online, no local copy: the pinned hub revision
+    else:
+        f = where if where.is_file() else where / f"{split}.csv"
+        if not f.exists(): raise StealthEvalError(f"{f}: not found; a MAGE folder holds {split}.csv (https://huggingface.co/datasets/{MAGE_REPO})")
+        df = read_mage_csv(f)
     texts, labels, srcs = df["text"].tolist(), df["label"].tolist(), df["src"].tolist()
     rid = [f"mage_{split}_{r:06d}" for r in df["row"]]
     count = count_tokens or (lambda t: len(t.split()))
@@ -147,6 +234,7 @@ def load_mage(path=None,  # MAGE folder (with `<split>.csv`) or a CSV file; None
 
 # %% ../nbs/05_benchmarks_hub.ipynb #753ef010
 RAID_REPO = "liamdugan/raid"
+RAID_REVISION = "main"  # no commit of liamdugan/raid could be verified when this was written: `main` is resolved to its commit at read time, and that commit is recorded
 RAID_COLUMNS = ["id", "adv_source_id", "source_id", "model", "decoding", "repetition_penalty", "attack", "domain", "title",
                 "prompt", "generation"]
 RAID_NEEDED = ["id", "source_id", "model", "decoding", "repetition_penalty", "attack", "domain", "generation"]
@@ -160,18 +248,6 @@ def _raid_file(p: Path) -> Path:
     raise StealthEvalError(f"{p}: no train_none.csv or train.csv (the RAID train split: https://dataset.raid-bench.xyz/train_none.csv "
                            f"or https://huggingface.co/datasets/{RAID_REPO})")
 
-def _csv_batches(path: Path, columns: list, block_size: int = 1 << 26):
-    "A CSV as pandas tables of about `block_size` bytes, all columns strings (empty cells stay '')."
-    import pyarrow as pa
-    from pyarrow import csv as pacsv
-    try:
-        reader = pacsv.open_csv(str(path), read_options=pacsv.ReadOptions(block_size=block_size),
-                                parse_options=pacsv.ParseOptions(newlines_in_values=True),
-                                convert_options=pacsv.ConvertOptions(include_columns=columns,
-                                                                     column_types={c: pa.string() for c in columns}))
-        for batch in reader: yield batch.to_pandas()
-    except pa.ArrowInvalid as e: raise StealthEvalError(f"{path}: not a readable CSV ({e})") from None
-
 # %% ../nbs/05_benchmarks_hub.ipynb #30312e0b
 def load_raid_slice(path=None,  # RAID folder (train_none.csv or train.csv) or a CSV file; None: $STEALTH_EVAL_DATA/raid/, else the hub
                     n_per_class: int = 200,  # human texts = AI texts; the AI texts spread evenly over domain x generator
@@ -183,14 +259,18 @@ def load_raid_slice(path=None,  # RAID folder (train_none.csv or train.csv) or a
                     ) -> tuple:
     "A balanced, paired, attack-free slice of RAID: each AI text comes from the title of one sampled human text."
     import numpy as np
-    import pandas as pd
     domains, generators = list(domains or RAID_DEFAULT_DOMAINS), list(generators or RAID_DEFAULT_GENERATORS)
-    f = _raid_file(resolve_benchmark("raid", path, ("train.csv",), RAID_REPO))
-    header = list(pd.read_csv(f, nrows=0, encoding="utf-8-sig").columns)
-    _need_columns(header, RAID_NEEDED, f, "a RAID file")
+    where = resolve_benchmark("raid", path, ("train.csv",), RAID_REPO)
+    if where is None: f, header = "train.csv", RAID_COLUMNS   # online, no local copy: streamed from the hub (11.8 GB)
+    else:
+        f = _raid_file(where)
+        header = csv_header(f)
+        _need_columns(header, RAID_NEEDED, f, "a RAID file")
     cols = RAID_NEEDED + [c for c in ("title",) if c in header]
+    ds, src = load_table("raid", f, None if where else RAID_REPO, RAID_REVISION, columns=cols, streaming=True)
+    if where is None: f = f"hf://datasets/{RAID_REPO}@{src['revision'][:12]}/{f}"
     n_out, models, doms, humans, ais = Counter(), Counter(), Counter(), [], []
-    for b in _csv_batches(f, cols):
+    for b in iter_batches(ds, f):
         empty = b["model"].str.strip() == ""
         if empty.any():
             raise StealthEvalError(f"{f}: column 'model' is empty for id(s) {_few(b.loc[empty, 'id'])}; RAID marks human rows "
@@ -254,6 +334,7 @@ def load_raid_slice(path=None,  # RAID folder (train_none.csv or train.csv) or a
 
 # %% ../nbs/05_benchmarks_hub.ipynb #d379a58e
 BEEMO_REPO = "toloka/beemo"
+BEEMO_REVISION = "main"  # no commit of toloka/beemo could be verified when this was written: `main` is resolved to its commit at read time, and that commit is recorded
 BEEMO_COLUMNS = ["id", "category", "model", "prompt_id", "prompt", "model_output", "human_output", "human_edits",
                  "llama-3.1-70b_edits", "gpt-4o_edits"]
 BEEMO_REQUIRED = ["id", "category", "model", "model_output", "human_output", "human_edits"]
@@ -290,10 +371,15 @@ def _parquet_files(p: Path, what: str) -> list:
 def load_beemo(path=None,  # Beemo folder (data/train-*.parquet) or a Parquet file; None: $STEALTH_EVAL_DATA/beemo/, else the hub
                ) -> tuple:
     "Every version of every Beemo response (human, machine, expert-edited, LLM-edited): (records, drops)."
-    import pandas as pd
-    files = _parquet_files(resolve_benchmark("beemo", path, ("data/*.parquet",), BEEMO_REPO), f"Beemo: https://huggingface.co/datasets/{BEEMO_REPO}")
-    df = pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
-    where = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({len(files)} Parquet files)"
+    found = resolve_benchmark("beemo", path, ("data/*.parquet",), BEEMO_REPO)
+    if found is None:   # online, no local copy: the hub revision
+        ds, src = load_table("beemo", "data/*.parquet", BEEMO_REPO, BEEMO_REVISION)
+        where = f"hf://datasets/{BEEMO_REPO}@{src['revision'][:12]}/data"
+    else:
+        files = _parquet_files(found, f"Beemo: https://huggingface.co/datasets/{BEEMO_REPO}")
+        ds, _ = load_table("beemo", files)
+        where = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({len(files)} Parquet files)"
+    df = ds.to_pandas()
     _need_columns(df.columns, BEEMO_REQUIRED, where, "Beemo")
     editors = [c for c in BEEMO_EDITORS if c in df.columns]
     if not editors: get_logger().info(f"beemo: {where} has no LLM-edit columns (the first release): expert edits only")
@@ -364,6 +450,7 @@ def read_hf_arrow_folder(folder) -> list:
         try:
             with pa.memory_map(str(folder / name)) as source: rows += pa.ipc.open_stream(source).read_all().to_pylist()
         except (pa.ArrowInvalid, FileNotFoundError) as e: raise StealthEvalError(f"{folder / name}: not a readable Arrow stream ({e})") from None
+    record_source(file_source([folder / n for n in names], "pyarrow ipc stream"))
     return rows
 
 # %% ../nbs/05_benchmarks_hub.ipynb #200b9687
@@ -393,15 +480,20 @@ def _ap_human(folder: Path) -> tuple:
             raise StealthEvalError(f"{f}: its texts differ from {files[0].name} (first at id {bad}); the files must hold the same human texts")
         texts = t
         scores.append((f.stem.split("data-mage_model-")[-1], [r["score"] for r in rows]))
+    record_source(file_source(files, "json"))
     return texts, [{det: s[i] for det, s in scores} for i in range(len(texts))]
 
 def _align_mage(mage, human_texts: list, n_ai: int) -> tuple:
     "(MAGE rows of the AI sources, of the human texts), re-drawn as upstream did and verified on the human texts."
     import pandas as pd
     folder = resolve_benchmark("mage", None if mage == "auto" else mage, MAGE_HF_TEST_FILES, MAGE_REPO)
-    present = [f for f in MAGE_HF_TEST_FILES if (folder / f).exists()]
-    if "test.csv" not in present: raise StealthEvalError(f"{folder}: no test.csv (MAGE, https://huggingface.co/datasets/{MAGE_REPO})")
-    parts = [read_mage_csv(folder / f).assign(file=f) for f in present]
+    if folder is None:   # online, no local copy: the three files of the pinned hub revision
+        folder, present = f"hf://datasets/{MAGE_REPO}@{MAGE_REVISION[:12]}", list(MAGE_HF_TEST_FILES)
+        parts = [read_mage_csv(f, MAGE_REPO).assign(file=f) for f in present]
+    else:
+        present = [f for f in MAGE_HF_TEST_FILES if (folder / f).exists()]
+        if "test.csv" not in present: raise StealthEvalError(f"{folder}: no test.csv (MAGE, https://huggingface.co/datasets/{MAGE_REPO})")
+        parts = [read_mage_csv(folder / f).assign(file=f) for f in present]
     tried = []
     for files in ([f for f in MAGE_HF_TEST_FILES if f in present], ["test.csv"]):
         if files in tried: continue

@@ -8,19 +8,21 @@ from __future__ import annotations
 import importlib.util
 import math
 from collections import Counter
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .components import DATASETS, DETECTORS, METHODS, Built, Dataset, FunctionDataset
-from .core import (Cache, StealthEvalError, few as _few, get_logger, read_json, read_jsonl, run_cache, sha256_text,
-                               write_json, write_jsonl)
+from .core import (Cache, StealthEvalError, few as _few, file_sha256, get_logger, read_json, read_jsonl, run_cache,
+                               sha256_text, write_json, write_jsonl)
 
 # %% auto #0
 __all__ = ['SCHEMA', 'LABELS', 'text_validity', 'validate_records', 'check_usable', 'load_dataset_file', 'normalize_ws',
            'lee_documents', 'needs_train_split', 'train_split_path', 'load_train_split', 'build_lee_news',
-           'build_lee_news_kgw', 'dataset_card', 'stratified_sample', 'drop_repeated_human_texts',
-           'benchmark_train_split', 'BenchmarkDataset', 'dataset_path', 'run_data_stage', 'load_run_dataset',
-           'card_markdown']
+           'build_lee_news_kgw', 'dataset_card', 'record_source', 'recording_sources', 'file_source',
+           'stratified_sample', 'drop_repeated_human_texts', 'benchmark_train_split', 'BenchmarkDataset',
+           'dataset_path', 'run_data_stage', 'load_run_dataset', 'card_markdown']
 
 # %% ../nbs/00_data.ipynb #64d8f460
 SCHEMA = ["id", "label", "domain", "generator", "text"]
@@ -293,6 +295,28 @@ def dataset_card(name: str, df, drops: list, source: str) -> dict:
         "drops": drops,
     }
 
+# %% ../nbs/00_data.ipynb #f453b2a3
+_SOURCES: ContextVar = ContextVar("stealth_eval_sources", default=None)
+
+def record_source(source: dict) -> dict:
+    "Note one input a loader read; an open `recording_sources` block keeps it (once). Returns `source`."
+    kept = _SOURCES.get()
+    if kept is not None and source not in kept: kept.append(source)
+    return source
+
+@contextmanager
+def recording_sources():
+    "A block that collects every `record_source` made inside it: yields the list."
+    token = _SOURCES.set([])
+    try: yield _SOURCES.get()
+    finally: _SOURCES.reset(token)
+
+def file_source(files, reader: str, **extra) -> dict:
+    "The identity of local files a reader read: each file's path, size and SHA-256."
+    files = [Path(f) for f in ([files] if isinstance(files, (str, Path)) else files)]
+    return {"kind": "local", "reader": reader, **extra,
+            "files": [{"path": str(f), "bytes": f.stat().st_size, "sha256": file_sha256(f)} for f in files]}
+
 # %% ../nbs/00_data.ipynb #afd25f32
 def stratified_sample(records: list, n: int | None, seed: int, name: str) -> tuple:
     "At most `n` units per (label, edit, imported method) stratum, seeded; returns (kept, drops)."
@@ -426,8 +450,10 @@ def run_data_stage(cfg: dict, cache: Cache | None = None):
             if spec["path"]:
                 df = check_usable(load_dataset_file(spec["path"], cfg["validity"]["min_words"]), spec["path"])
                 drops, source = [], spec["path"]
+                sources = [file_source(spec["path"], "stealth_eval.data.load_dataset_file")]
             else:
-                built = DATASETS.get(name).build(cfg, cache)
+                with recording_sources() as sources:   # what the builder read: hub revisions, local files' hashes
+                    built = DATASETS.get(name).build(cfg, cache)
                 records, drops, train = built.records, built.drops, built.train
                 df = check_usable(validate_records(pd.DataFrame(records), f"dataset {name}", cfg["validity"]["min_words"]),
                                   f"dataset {name}")
@@ -436,6 +462,7 @@ def run_data_stage(cfg: dict, cache: Cache | None = None):
             errors.append(str(e)); continue
         write_jsonl(dataset_path(cfg["out_dir"], name), df.to_dict(orient="records"))
         card = dataset_card(name, df, drops, source)
+        card["sources"] = sources
         card["train_split"] = _write_train_split(cfg, name, train)
         write_json(dataset_path(cfg["out_dir"], name).with_suffix(".card.json"), card)
         rows.append({"dataset": name, "human": card["by_label"].get("human", 0), "ai": card["by_label"].get("ai", 0),
@@ -451,6 +478,12 @@ def load_run_dataset(out_dir, name: str):
     return load_dataset_file(dataset_path(out_dir, name))
 
 # %% ../nbs/00_data.ipynb #861da675
+def _source_text(s: dict) -> str:
+    "One recorded source in a line: hub repository@commit (files), or file names with the start of their SHA-256."
+    if s.get("kind") == "hub": return f"{s['repo_id']}@{s['revision'][:12]} ({', '.join(s['files'])})"
+    fs = [f"{Path(f['path']).name} (sha256 {f['sha256'][:12]})" for f in s.get("files", [])]
+    return ", ".join(fs[:3] + ([f"… {len(fs) - 3} more"] if len(fs) > 3 else []))
+
 def card_markdown(card: dict) -> str:
     "A dataset card as Markdown: counts per label, domain and generator, lengths, invalid rows and drops with reasons."
     from collections import Counter
@@ -462,6 +495,7 @@ def card_markdown(card: dict) -> str:
     lines += ["", "Generators: " + ", ".join(f"{g} ({n})" for g, n in card["by_generator"].items()) + ".", "",
               "Length in words: " + "; ".join(f"{l}: median {q['median']:.0f} (min {q['min']:.0f}, max {q['max']:.0f})"
                                               for l, q in card["length_words"].items()) + "."]
+    if card.get("sources"): lines += ["", "Read from: " + "; ".join(_source_text(s) for s in card["sources"]) + "."]
     ts = card.get("train_split") or {}
     if ts.get("path"):
         lines += ["", f"Training split ({ts['path']}, never evaluated): " + ", ".join(f"{k} {v}" for k, v in ts["by_label"].items())

@@ -775,6 +775,7 @@ def results_info(cfg: dict, table, scores) -> dict:
     return {"config": read_json(out / "config.json") if (out / "config.json").exists() else cfg,
             "versions": package_versions(), "git": git_commit(),
             "data_sha256": {p.name: file_sha256(p) for p in sorted((out / "data").glob("*.jsonl"))},
+            "data_sources": {c["dataset"]: c.get("sources", []) for c in map(read_json, sorted((out / "data").glob("*.card.json")))},
             "samples": sample_counts(scores),
             "higher_is_better": {m: bool(v) for m, v in sorted(zip(hib["metric"], hib["higher_is_better"]))},
             "higher_is_better_note": "from the detector's side: True = a higher value means better detection (an attack aims at the opposite)",

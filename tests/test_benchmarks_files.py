@@ -60,6 +60,19 @@ def test_padben_counts_and_labels(padben):
     validate_records(pd.DataFrame(recs), "padben")
 
 
+def test_padben_records_what_it_read():
+    "Each file a loader reads goes into the run's provenance with its size and SHA-256 (#16)."
+    import hashlib
+    from stealth_eval.data import recording_sources
+    with recording_sources() as sources:
+        load_padben(folder("padben"))
+    files = [f for s in sources for f in s["files"]]
+    assert [f["path"] for f in files] == [str(folder("padben") / t["file"]) for t in PADBEN_TASKS.values()]
+    for f in files:
+        data = Path(f["path"]).read_bytes()
+        assert (f["bytes"], f["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
+
+
 @pytest.mark.parametrize("task", ["task2", "task5"])
 def test_padben_label_0_is_human(padben, task):
     "Upstream Fast-DetectGPT results: ground-truth labels in file order, and their AUROC is reproduced with 'ai' positive."

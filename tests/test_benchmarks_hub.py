@@ -2,12 +2,14 @@
 
 The Adversarial Paraphrasing loader runs on the real released outputs in `../shared/data/adversarial_paraphrasing`, with
 counts checked against its SOURCE.md. MAGE, RAID and Beemo are distributed only through the Hugging Face hub, so their
-loaders run on small files that the tests write in the public formats. The hub itself is never contacted: its branch is
-tested with `snapshot_download` replaced.
+loaders run on small files that the tests write in the public formats, read through `datasets.load_dataset`. The hub
+itself is never contacted: its branch is tested with `datasets.load_dataset` and the revision lookup replaced.
 """
 import json
+import re
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import huggingface_hub
 import pandas as pd
@@ -15,7 +17,7 @@ import pytest
 
 from stealth_eval import benchmarks_hub as bh
 from stealth_eval.core import StealthEvalError
-from stealth_eval.data import validate_records
+from stealth_eval.data import recording_sources, validate_records
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 AP = SHARED_DATA / "adversarial_paraphrasing"
@@ -28,12 +30,14 @@ def n_rows(records, drops):
 
 
 @pytest.fixture(autouse=True)
-def no_hub(monkeypatch):
-    "No test may reach the network: offline mode, and a snapshot_download that fails loudly if called anyway."
+def no_hub(monkeypatch, tmp_path):
+    "No test may reach the network (offline mode; hub calls fail loudly); `datasets` caches go under tmp_path."
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_datasets_cache"))
     monkeypatch.delenv("STEALTH_EVAL_DATA", raising=False)
     def forbidden(*a, **kw): raise AssertionError(f"the hub was contacted: {a} {kw}")
     monkeypatch.setattr(huggingface_hub, "snapshot_download", forbidden)
+    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", forbidden)
 
 
 # ---------------------------------------------------------------- Adversarial Paraphrasing, real files
@@ -177,22 +181,71 @@ def test_mage_offline_without_data_says_what_to_fetch(monkeypatch, tmp_path):
     assert "offline mode" in msg and "test.csv" in msg and "yaful/MAGE" in msg and f"{tmp_path}" in msg
 
 
-def test_hub_branch_when_online(monkeypatch, tmp_path):
-    "Online and without a local copy, the loader asks the hub for exactly the files it reads (download replaced here)."
-    write_mage(tmp_path / "snapshot")
-    calls = []
-    def fake_snapshot(**kw):
-        calls.append(kw)
-        return str(tmp_path / "snapshot")
+def fake_hub(monkeypatch, snapshots: Path) -> list:
+    "Serve `hf://datasets/<repo>@<rev>/<file>` from snapshots/<repo>/<file> through the real `datasets.load_dataset`; the calls."
+    import datasets
+    real, calls = datasets.load_dataset, []
+    def load(path, data_files, **kw):
+        calls.append({"path": path, "data_files": list(data_files), "streaming": kw["streaming"]})
+        parts = [re.fullmatch(r"hf://datasets/([^@]+)@[0-9a-f]{40}/(.+)", url) for url in data_files]
+        assert all(parts), f"not a pinned hub file: {data_files}"
+        return real(path, data_files=[str(snapshots / m[1] / m[2]) for m in parts], **kw)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot)
-    records, _ = bh.load_mage(n_per_class=4, min_tokens=1, max_tokens=1000)
+    monkeypatch.setattr(datasets, "load_dataset", load)
+    return calls
+
+
+def test_hub_branch_when_online(monkeypatch, tmp_path):
+    "Online and without a local copy, MAGE is read from its pinned commit with `datasets.load_dataset` (hub replaced here)."
+    write_mage(tmp_path / "hub" / "yaful" / "MAGE")
+    calls = fake_hub(monkeypatch, tmp_path / "hub")
+    with recording_sources() as sources:
+        records, _ = bh.load_mage(n_per_class=4, min_tokens=1, max_tokens=1000)
     assert len(records) == 8
-    assert calls == [{"repo_id": "yaful/MAGE", "repo_type": "dataset", "allow_patterns": ["test.csv"]}]
-    def failing(**kw): raise OSError("connection refused")
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", failing)
-    with pytest.raises(StealthEvalError, match=r"downloading it from the hub failed \(OSError: connection refused\)"):
+    url = f"hf://datasets/yaful/MAGE@{bh.MAGE_REVISION}/test.csv"
+    assert calls == [{"path": "csv", "data_files": [url], "streaming": False}]
+    assert [(s["kind"], s["repo_id"], s["revision"], s["files"]) for s in sources] == [("hub", "yaful/MAGE", bh.MAGE_REVISION, ["test.csv"])]
+    assert len(sources[0]["fingerprint"]) == 16 and "datasets" in sources[0]["reader"]
+
+
+def test_hub_branch_resolves_a_branch_to_its_commit(monkeypatch, tmp_path):
+    "`main` is looked up once and the commit it names is what is read (streamed, for RAID) and recorded."
+    write_raid(tmp_path / "hub" / "liamdugan" / "raid" / "train.csv")
+    calls = fake_hub(monkeypatch, tmp_path / "hub")
+    looked_up = []
+    def dataset_info(self, repo_id, revision=None, **kw):
+        looked_up.append((repo_id, revision))
+        return SimpleNamespace(sha="c0ffee" * 6 + "abcd")
+    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", dataset_info)
+    with recording_sources() as sources:
+        records, _ = bh.load_raid_slice(n_per_class=8)
+    assert Counter(r["label"] for r in records) == {"human": 8, "ai": 8}
+    assert looked_up == [("liamdugan/raid", "main")]
+    assert calls == [{"path": "csv", "data_files": ["hf://datasets/liamdugan/raid@" + "c0ffee" * 6 + "abcd/train.csv"], "streaming": True}]
+    assert [(s["repo_id"], s["revision"]) for s in sources] == [("liamdugan/raid", "c0ffee" * 6 + "abcd")]
+    with pytest.raises(StealthEvalError, match=r"^hf://datasets/liamdugan/raid@c0ffeec0ffee/train.csv: no rows with domain 'books'"):
+        bh.load_raid_slice(domains=["books"])
+
+
+def test_hub_unreachable_says_what_to_fetch(monkeypatch, tmp_path):
+    fake_hub(monkeypatch, tmp_path / "hub")
+    def failing(self, *a, **kw): raise OSError("connection refused")
+    monkeypatch.setattr(huggingface_hub.HfApi, "dataset_info", failing)
+    with pytest.raises(StealthEvalError, match=r"^beemo: no local copy, and downloading it from the hub failed \(OSError: connection refused\)\. "
+                                               r"Put data/\*\.parquet from https://huggingface.co/datasets/toloka/beemo into \$STEALTH_EVAL_DATA/beemo/"):
         bh.load_beemo()
+
+
+@pytest.mark.parametrize("loader, name, files, repo", [(bh.load_mage, "mage", "test.csv", "yaful/MAGE"),
+                                                       (bh.load_raid_slice, "raid", "train.csv", "liamdugan/raid"),
+                                                       (bh.load_beemo, "beemo", "data/*.parquet", "toloka/beemo")])
+def test_offline_without_data_says_which_files_to_put_where(monkeypatch, tmp_path, loader, name, files, repo):
+    monkeypatch.setenv("STEALTH_EVAL_DATA", str(tmp_path))
+    with pytest.raises(StealthEvalError) as e:
+        loader()
+    assert str(e.value) == (f"{name}: no local copy, and offline mode (HF_HUB_OFFLINE=1) forbids the hub. Put {files} from "
+                            f"https://huggingface.co/datasets/{repo} into $STEALTH_EVAL_DATA/{name}/ (STEALTH_EVAL_DATA is set to "
+                            f"{tmp_path}), or pass path=...")
 
 
 # ---------------------------------------------------------------- RAID, in its public format
