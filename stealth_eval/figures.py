@@ -5,7 +5,9 @@
 # %% ../nbs/40_figures.ipynb #ce289977
 from __future__ import annotations
 
+import functools
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +18,14 @@ from .components import DATASETS, DETECTORS, METHODS, dataset_analyses
 from .core import atomic_write_text, md_tex, read_json, write_json
 
 # %% auto #0
-__all__ = ['ABBREV', 'SHIELD_KNOBS', 'split_condition', 'format_setting', 'display_name', 'condition_key', 'short_label',
-           'ai_conditions', 'knob_series', 'sim_median', 'method_color', 'heatmap_data', 'plot_heatmap',
-           'in_reward_cells', 'pareto_front', 'tradeoff_data', 'plot_tradeoff', 'budget_sweep_data',
-           'plot_budget_sweep', 'roc_curve', 'strongest_attack', 'roc_data', 'plot_roc', 'shield_data', 'plot_shield',
-           'detector_models', 'main_table', 'transfer_data', 'transfer_table', 'sanitize_rows', 'sanitize_table',
-           'plot_sanitize', 'mark_non_ascii', 'spread_conditions', 'qual_examples', 'run_figures_stage']
+__all__ = ['ABBREV', 'PALETTE', 'HEATMAP_CMAP', 'IN_REWARD_COLOR', 'COLUMN_IN', 'PAGE_IN', 'MIN_PT', 'DPI', 'HEAT_CELL_IN',
+           'SHIELD_KNOBS', 'split_condition', 'format_setting', 'display_name', 'condition_key', 'short_label',
+           'ai_conditions', 'knob_series', 'sim_median', 'method_color', 'palette', 'figure_theme', 'themed',
+           'detector_colors', 'heatmap_data', 'heatmap_layout', 'text_color', 'plot_heatmap', 'in_reward_cells',
+           'pareto_front', 'tradeoff_data', 'place_labels', 'plot_tradeoff', 'budget_sweep_data', 'plot_budget_sweep',
+           'roc_curve', 'strongest_attack', 'roc_data', 'plot_roc', 'shield_data', 'plot_shield', 'detector_models',
+           'main_table', 'transfer_data', 'transfer_table', 'sanitize_rows', 'sanitize_table', 'plot_sanitize',
+           'mark_non_ascii', 'spread_conditions', 'qual_examples', 'run_figures_stage']
 
 # %% ../nbs/40_figures.ipynb #623d8554
 def split_condition(c: str) -> tuple:
@@ -93,8 +97,10 @@ def sim_median(quality: dict, ds: str, c: str) -> float:
 
 # %% ../nbs/40_figures.ipynb #f897d82a
 def method_color(method: str) -> str:
-    "A method's colour (its `color`; grey for an imported method that is not registered)."
-    return METHODS.get(method).color if method in METHODS else "C7"
+    "A method's colour as hex: its registered `color`, 'C<n>' read from the colour-blind `palette` (grey when not registered)."
+    from matplotlib.colors import to_hex
+    c = METHODS.get(method).color if method in METHODS else "C7"
+    return palette()[int(c[1:]) % 10] if c[:1] == "C" and c[1:].isdigit() else to_hex(c)
 
 # %% ../nbs/40_figures.ipynb #a320975e
 def _plt():
@@ -105,13 +111,77 @@ def _plt():
 
 _MARK = {"rehearsal": False}   # set by run_figures_stage: a rehearsal run (random weights) watermarks every figure
 
+def _banner_room(fig):
+    "On a rehearsal run keep the top 0.22 in of a constrained-layout figure free for the banner line."
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+    if not (_MARK["rehearsal"] and isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)): return
+    top, h, t = 0.22, fig.get_figheight(), fig._suptitle
+    if t:                                      # the layout places a suptitle at the very top: put it below the banner
+        t._autopos = False; t.set_y(1 - top / h)
+        top += (t.get_text().count("\n") + 1) * t.get_fontsize() * 1.25 / 72 + 0.04
+    fig.get_layout_engine().set(rect=(0, 0, 1, 1 - top / h))
+
 def _save(fig, path):
-    if _MARK["rehearsal"]:
+    if _MARK["rehearsal"]:                     # the marks are sized for a 7-in figure: scaled to this one, >= MIN_PT
         from stealth_eval.rehearsal import watermark
+        _banner_room(fig)
+        n = len(fig.texts)
         watermark(fig)
-    fig.savefig(path, dpi=150)
+        for t in fig.texts[n:]: t.set_fontsize(max(MIN_PT, t.get_fontsize() * min(1.0, fig.get_figwidth() / PAGE_IN)))
+    fig.savefig(path, dpi=DPI)
     _plt().close(fig)
     return path
+
+def _wrap(text: str, width_in: float, pt: float = 8) -> str:
+    "`text` broken into lines that fit `width_in` inches at `pt` points (each line wrapped on its own)."
+    n = max(12, int(width_in * 72 / (0.58 * pt)))
+    return "\n".join(textwrap.fill(line, n, break_on_hyphens=False) for line in text.split("\n"))
+
+def _fig_legend(fig, ncol: int, last: tuple = ()):
+    "One legend for the whole figure, below the panels: every labelled artist once, in drawing order (`last` at the end)."
+    seen = {}
+    for ax in fig.axes:
+        for h, lab in zip(*ax.get_legend_handles_labels()): seen.setdefault(lab, h)
+    labs = [l for l in seen if l not in last] + [l for l in last if l in seen]
+    if labs: fig.legend([seen[l] for l in labs], labs, loc="outside lower center", ncol=min(ncol, len(labs)))
+
+# %% ../nbs/40_figures.ipynb #180b0e70
+PALETTE = "colorblind"          # seaborn's colour-blind-safe qualitative palette (Okabe–Ito hues): methods, detectors
+HEATMAP_CMAP = "crest"          # sequential, perceptually uniform, colour-blind safe; free of red (the in-reward boxes), black and white
+IN_REWARD_COLOR = "#e8000b"     # the heatmap's in-reward boxes (a white halo keeps them visible on dark cells)
+COLUMN_IN, PAGE_IN = 3.3, 7.0   # printed widths in inches: one column, two columns
+MIN_PT, DPI = 7, 300            # the smallest font at print size, and the resolution of the PNGs
+_THEME_RC = {"font.size": 8, "axes.titlesize": 8, "axes.labelsize": 8, "figure.titlesize": 8, "figure.labelsize": 8,
+             "xtick.labelsize": MIN_PT, "ytick.labelsize": MIN_PT, "legend.fontsize": MIN_PT, "legend.title_fontsize": MIN_PT,
+             "legend.frameon": False, "legend.columnspacing": 1.2, "legend.handletextpad": 0.5, "legend.handlelength": 1.8,
+             "axes.edgecolor": ".35", "axes.linewidth": 0.6, "grid.linewidth": 0.4, "grid.color": ".88", "lines.linewidth": 1.2,
+             "lines.markersize": 4, "xtick.bottom": True, "ytick.left": True, "xtick.major.size": 2.5, "ytick.major.size": 2.5,
+             "xtick.minor.size": 1.5, "ytick.minor.size": 1.5, "image.cmap": HEATMAP_CMAP, "savefig.dpi": DPI}
+
+def palette(n: int = 10) -> list:
+    "The colour-blind-safe palette as hex strings (more than 10 colours cycle)."
+    import seaborn as sns
+    return sns.color_palette(PALETTE, n).as_hex()
+
+def figure_theme(**rc):
+    "Context manager: the look of every figure (seaborn whitegrid + paper, the palette as colour cycle, fonts >= MIN_PT); `rc` overrides."
+    import matplotlib as mpl
+    import seaborn as sns
+    return mpl.rc_context({**sns.axes_style("whitegrid"), **sns.plotting_context("paper"), **_THEME_RC,
+                           "axes.prop_cycle": mpl.cycler(color=palette()), **rc})
+
+def themed(plot):
+    "Decorator: run a plotting function inside `figure_theme()`."
+    @functools.wraps(plot)
+    def _themed(*args, **kwargs):
+        with figure_theme(): return plot(*args, **kwargs)
+    return _themed
+
+def detector_colors(dets: list) -> dict:
+    "{detector: colour}: the palette in the detectors' order (the config's), the `mean` pseudo-detector black."
+    others = [d for d in dets if d != "mean"]
+    cs = palette(max(len(others), 1))
+    return {d: "#000000" if d == "mean" else cs[others.index(d)] for d in dets}
 
 # %% ../nbs/40_figures.ipynb #95b1b51d
 def heatmap_data(metrics: dict, ds: str, key: str = "tpr1"):
@@ -121,28 +191,66 @@ def heatmap_data(metrics: dict, ds: str, key: str = "tpr1"):
     vals = np.array([[_f(metrics[ds][d].get(c, {}).get(key)) for c in conds] for d in dets], dtype=float)
     return dets, conds, vals
 
+# %% ../nbs/40_figures.ipynb #e9ee2877
+HEAT_CELL_IN = (0.32, 0.2)      # the smallest heatmap cell (width, height) in inches that holds a 7-pt "0.00"
+
+def _text_in(s: str, pt: float = MIN_PT) -> float:
+    "About the printed width of a one-line string in inches (DejaVu Sans: ~0.6 em per character)."
+    return 0.6 * pt * len(s) / 72
+
+def heatmap_layout(rows: list, cols: list) -> tuple:
+    "(transpose, width, height) in inches for a `rows` x `cols` heatmap (their labels): see above."
+    need = lambda r, c: _text_in(max(r, key=len)) + 0.2 + len(c) * HEAT_CELL_IN[0] + 0.65   # labels, cells, colour bar
+    transpose = need(rows, cols) > PAGE_IN and need(cols, rows) < need(rows, cols)
+    if transpose: rows, cols = cols, rows
+    width = next((w for w in (COLUMN_IN, PAGE_IN) if need(rows, cols) <= w), need(rows, cols))
+    height = 0.75 + 0.75 * _text_in(max(cols, key=len)) + len(rows) * (0.26 if len(rows) <= 12 else HEAT_CELL_IN[1])
+    return transpose, round(width, 2), round(height, 2)
+
+def _luminance(c) -> float:
+    from matplotlib.colors import to_rgb
+    return sum(w * (x / 12.92 if x <= 0.04045 else ((x + 0.055) / 1.055) ** 2.4) for w, x in zip((0.2126, 0.7152, 0.0722), to_rgb(c)))
+
+def text_color(bg, dark: str = "#262626") -> str:
+    "`dark` or white, whichever has the higher contrast ratio (WCAG) against the background colour `bg`."
+    L = _luminance(bg)
+    return "#ffffff" if 1.05 / (L + 0.05) > (L + 0.05) / (_luminance(dark) + 0.05) else dark
+
 # %% ../nbs/40_figures.ipynb #e7bca0a6
+@themed
 def plot_heatmap(metrics: dict, ds: str, path, key: str = "tpr1", title: str | None = None, reward: dict | None = None):
-    "The detector x condition heatmap; `reward` ({condition: detectors}) boxes the in-reward cells."
+    "The annotated detector x condition heatmap (`heatmap_layout`); `reward` ({condition: detectors}) boxes the in-reward cells."
+    import matplotlib.patheffects as pe
+    import seaborn as sns
     plt = _plt()
     dets, conds, vals = heatmap_data(metrics, ds, key)
-    fig, ax = plt.subplots(figsize=(max(4.2, 1.6 + 0.95 * len(conds)), 1.2 + 0.55 * len(dets)))   # wide enough for the title
-    im = ax.imshow(vals, vmin=0, vmax=1, cmap="viridis", aspect="auto")
-    ax.set_xticks(range(len(conds)), [short_label(c) for c in conds], rotation=40, ha="right")
-    ax.set_yticks(range(len(dets)), dets)
-    for i in range(len(dets)):
-        for j in range(len(conds)):
-            v = vals[i, j]
-            ax.text(j, i, "–" if np.isnan(v) else f"{v:.2f}", ha="center", va="center", fontsize=8,
-                    color="black" if (not np.isnan(v) and v > 0.6) else "white")
-            if dets[i] in (reward or {}).get(conds[j], ()):
-                ax.add_patch(plt.Rectangle((j - 0.45, i - 0.45), 0.9, 0.9, fill=False, edgecolor="red", lw=1.8))
-    if "mean" in dets: ax.axhline(len(dets) - 1.5, color="white", lw=2)
-    fig.colorbar(im, ax=ax, label="TPR @ 1% FPR" if key == "tpr1" else key, fraction=0.08, pad=0.04)
+    labels = [short_label(c) for c in conds]
+    transpose, w, h = heatmap_layout(dets, labels)
+    fig, ax = plt.subplots(figsize=(w, h), layout="constrained")
+    ax.set_facecolor(".9")                                        # an undefined (NaN) cell: light grey with a dash
+    rows, cols = (labels, dets) if transpose else (dets, labels)
+    sns.heatmap(vals.T if transpose else vals, vmin=0, vmax=1, cmap=HEATMAP_CMAP, annot=True, fmt=".2f",
+                annot_kws={"size": MIN_PT}, linewidths=0.5, linecolor="white", xticklabels=cols, yticklabels=rows, ax=ax,
+                cbar_kws={"label": "TPR @ 1% FPR" if key == "tpr1" else key, "pad": 0.02, "aspect": 30, "shrink": min(1.0, 3.5 / max(h - 1.2, 1))})
+    cmap, shown = sns.color_palette(HEATMAP_CMAP, as_cmap=True), vals.T if transpose else vals
+    for t in ax.texts:                                            # seaborn's annotations: the better-contrasting ink
+        x, y = t.get_position()
+        t.set_color(text_color(cmap(shown[int(y), int(x)])))
+    ax.tick_params(length=0)
+    plt.setp(ax.get_xticklabels(), rotation=45, ha="right", rotation_mode="anchor")
+    plt.setp(ax.get_yticklabels(), rotation=0)
+    at = lambda i, j: (i, j) if transpose else (j, i)             # (x, y) of detector i, condition j
+    halo = [pe.withStroke(linewidth=2.8, foreground="white")]
+    for i, d in enumerate(dets):
+        for j, c in enumerate(conds):
+            x, y = at(i, j)
+            if np.isnan(vals[i, j]): ax.text(x + 0.5, y + 0.5, "–", ha="center", va="center", fontsize=MIN_PT, color=".35")
+            if d in (reward or {}).get(c, ()):
+                ax.add_patch(plt.Rectangle((x + 0.07, y + 0.07), 0.86, 0.86, fill=False, edgecolor=IN_REWARD_COLOR, lw=1.4, path_effects=halo))
+    if "mean" in dets: (ax.axvline if transpose else ax.axhline)(len(dets) - 1, color="white", lw=2.5)
     boxed = any(d in (reward or {}).get(c, ()) for d in dets for c in conds)
-    ax.set_title(title or f"{ds}: TPR at 1% FPR\n(threshold calibrated on human text"
-                 + ("; red box: the attack was optimised against this detector)" if boxed else ")"), fontsize=10)
-    fig.tight_layout()
+    ax.set_title(_wrap(title or f"{ds}: TPR at 1% FPR (threshold calibrated on human text"
+                       + ("; red box: the attack was optimised against this detector)" if boxed else ")"), w - 0.3))
     return _save(fig, path)
 
 # %% ../nbs/40_figures.ipynb #7a88172f
@@ -176,34 +284,86 @@ def tradeoff_data(metrics: dict, quality: dict, ds: str) -> list:
     for i, p in enumerate(pts): p["pareto"] = i in front
     return pts
 
+# %% ../nbs/40_figures.ipynb #ffd68a2b
+def _overlap(a, b) -> float:
+    return max(min(a.x1, b.x1) - max(a.x0, b.x0), 0) * max(min(a.y1, b.y1) - max(a.y0, b.y0), 0)
+
+def _text_box(a, renderer):
+    "The display box of an annotation's text alone (not its leader line)."
+    from matplotlib.text import Text
+    a.update_positions(renderer)
+    return Text.get_window_extent(a, renderer)
+
+def place_labels(ax, xy: list, labels: list, avoid: list = ()) -> list:
+    """Annotate the points `xy` (data coordinates) with `labels` at MIN_PT where they overlap no earlier label, marker or
+    `avoid` box (display coordinates) and stay inside the axes (else the least overlap). Call it once the layout is final."""
+    from matplotlib.transforms import Bbox
+    fig = ax.figure
+    fig.canvas.draw()
+    r, px = fig.canvas.get_renderer(), fig.dpi / 72
+    frame, area = ax.get_window_extent(r), lambda b: b.width * b.height
+    pts = ax.transData.transform(xy)
+    marks = [Bbox.from_bounds(x - 3 * px, y - 3 * px, 6 * px, 6 * px) for x, y in pts]
+    soft = list(avoid) + marks
+    spots = [(d * sx, d * sy) for d in (4, 11, 20) for sx, sy in ((1, 1), (1, -1), (-1, 1), (-1, -1), (1, 0), (-1, 0), (0, 1), (0, -1))]
+    placed, out = [], []
+    for k, ((x, y), lab) in enumerate(zip(xy, labels)):
+        best = None
+        for dx, dy in spots:
+            lead = max(abs(dx), abs(dy)) > 4
+            a = ax.annotate(lab, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=MIN_PT,
+                            ha="left" if dx > 0 else "right" if dx < 0 else "center", va="bottom" if dy > 0 else "top" if dy < 0 else "center",
+                            arrowprops=dict(arrowstyle="-", lw=0.5, color=".45", shrinkA=0, shrinkB=2) if lead else None)
+            bb = _text_box(a, r)
+            cost = 10 * (area(bb) - _overlap(bb, frame) + sum(_overlap(bb, p) for p in placed)) + sum(_overlap(bb, s) for s in soft)
+            if lead:                                              # a leader line must not run through another point
+                (x0, y0), seg = pts[k], np.linspace(0.1, 1, 10)[:, None] * (np.array([dx, dy]) * px)
+                cost += 100 * px * px * sum(m.contains(x0 + sx, y0 + sy) for sx, sy in seg for j, m in enumerate(marks)
+                                            if j != k and not np.allclose(pts[j], pts[k]))
+            if best is None or cost < best[0]:
+                if best: best[1].remove()
+                best = (cost, a, bb)
+            else: a.remove()
+            if cost == 0: break
+        placed.append(best[2]); out.append(best[1])
+    return out
+
 # %% ../nbs/40_figures.ipynb #eaf147fe
+@themed
 def plot_tradeoff(metrics: dict, quality: dict, path, sim_name: str = "embedder") -> dict:
     "Write the trade-off figure (one panel per dataset with an attack point); return {dataset: points}, {} if nothing to plot."
+    from matplotlib.transforms import Bbox
     data = {ds: p for ds in sorted(metrics) if len(p := tradeoff_data(metrics, quality, ds)) >= 2}
     if not data: return {}
     plt = _plt()
-    fig, axes = plt.subplots(1, len(data), figsize=(6.2 * len(data), 4.6), squeeze=False)
-    for ax, (ds, pts) in zip(axes[0], data.items()):
+    nc = min(len(data), 2); nr = -(-len(data) // nc)
+    w = COLUMN_IN if nc == 1 else PAGE_IN
+    fig, axes = plt.subplots(nr, nc, figsize=(w, 2.75 * nr + 0.45), squeeze=False, layout="constrained")
+    for ax, (ds, pts) in zip(axes.flat, data.items()):
         for meth in dict.fromkeys(p["method"] for p in pts):
-            pp = [p for p in pts if p["method"] == meth]
+            pp, col = [p for p in pts if p["method"] == meth], method_color(meth)
             ax.errorbar([p["sim"] for p in pp], [p["tpr"] for p in pp],
                         yerr=[[p["tpr"] - p["tpr_lo"] for p in pp], [p["tpr_hi"] - p["tpr"] for p in pp]],
-                        fmt="o", color=method_color(meth), ecolor=method_color(meth), alpha=0.85, capsize=2, label=meth.upper())
-        # labels only where they say something (the Pareto front, M0, each method's strongest point): with budgets and
-        # guides a method has a dozen points, whose labels would overlap; the colour says the method
-        best = {m: min((p for p in pts if p["method"] == m), key=lambda p: (p["tpr"], -p["sim"]))["condition"]
-                for m in {p["method"] for p in pts}}
-        for p in pts:
-            if p["pareto"] or p["method"] == "m0" or best[p["method"]] == p["condition"]:
-                ax.annotate(p["label"], (p["sim"], p["tpr"]), xytext=(4, 4), textcoords="offset points", fontsize=7)
+                        fmt="o", color=col, ecolor=col, elinewidth=0.8, alpha=0.9, capsize=1.5, label=meth.upper(), zorder=3)
         fr = sorted((p for p in pts if p["pareto"]), key=lambda p: p["sim"])
-        ax.plot([p["sim"] for p in fr], [p["tpr"] for p in fr], "--", color="grey", lw=1, label="Pareto front")
-        ax.set_xlabel(f"median similarity to the source ({sim_name})")
+        ax.plot([p["sim"] for p in fr], [p["tpr"] for p in fr], "--", color=".45", lw=0.9, label="Pareto front", zorder=2)
+        ax.set_xlabel(_wrap(f"median similarity to the source ({sim_name})", w / nc - 0.5))
         ax.set_ylabel("mean TPR @ 1% FPR over detectors")
         ax.set_ylim(-0.03, 1.03)
-        ax.set_title(f"{ds}: evasion vs fidelity (bars: 95% bootstrap CI; attacker's goal: bottom right)", fontsize=9)
-        ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
+        ax.set_title(_wrap(f"{ds}: evasion vs fidelity (bars: 95% bootstrap CI; attacker's goal: bottom right)", w / nc - 0.4))
+    for ax in list(axes.flat)[len(data):]: ax.axis("off")
+    _fig_legend(fig, ncol=3 if w == COLUMN_IN else 8, last=("Pareto front",))
+    _banner_room(fig)
+    fig.canvas.draw(); fig.set_layout_engine("none")              # freeze the layout, then place the labels where they fit
+    for ax, (ds, pts) in zip(axes.flat, data.items()):
+        # labels only where they say something (the Pareto front, M0, each method's strongest point): with budgets and
+        # guides a method has a dozen points, whose labels would crowd; the colour says the method
+        best = {m: min((p for p in pts if p["method"] == m), key=lambda p: (p["tpr"], -p["sim"]))["condition"]
+                for m in {p["method"] for p in pts}}
+        show = [p for p in pts if p["pareto"] or p["method"] == "m0" or best[p["method"]] == p["condition"]]
+        bars = [Bbox(ax.transData.transform([(p["sim"], p["tpr_lo"]), (p["sim"], p["tpr_hi"])])).padded(2) for p in pts
+                if not (math.isnan(p["tpr_lo"]) or math.isnan(p["tpr_hi"]))]
+        place_labels(ax, [(p["sim"], p["tpr"]) for p in show], [p["label"] for p in show], avoid=bars)
     _save(fig, path)
     return data
 
@@ -221,30 +381,32 @@ def budget_sweep_data(metrics: dict, quality: dict, ds: str) -> list:
     return out
 
 # %% ../nbs/40_figures.ipynb #e61355cd
+_SERIES_STYLES = [("-", "o"), ("--", "s"), (":", "^"), ("-.", "D"), ("-", "v"), ("--", "P")]   # series of one colour (method)
+
+@themed
 def plot_budget_sweep(metrics: dict, quality: dict, path, sim_name: str = "embedder") -> dict:
     "Write the sweep (a row per dataset with a method at >= 2 budgets); return {dataset: series}, {} if nothing to plot."
     data = {ds: budget_sweep_data(metrics, quality, ds) for ds in sorted(metrics)}
     data = {ds: s for ds, s in data.items() if any(len(set(x["N"])) >= 2 for x in s)}
     if not data: return {}
     plt = _plt()
-    fig, axes = plt.subplots(len(data), 2, figsize=(11, 4.2 * len(data)), squeeze=False)
+    fig, axes = plt.subplots(len(data), 2, figsize=(PAGE_IN, 2.35 * len(data) + 0.5), squeeze=False, layout="constrained")
     for (ax, ax2), (ds, series) in zip(axes, data.items()):
-        styles = ["-o", "--s", ":^", "-.D", "-v", "--P"]
         for k, s in enumerate(series):
-            col, st = method_color(s["method"]), styles[k % len(styles)]
-            ax.plot(s["N"], s["tpr"], st, color=col, label=s["label"])
-            ax.fill_between(s["N"], s["tpr_lo"], s["tpr_hi"], color=col, alpha=0.12)
-            ax2.plot(s["N"], s["sim"], st, color=col, label=s["label"])
+            (ls, mk), col = _SERIES_STYLES[k % len(_SERIES_STYLES)], method_color(s["method"])
+            ax.plot(s["N"], s["tpr"], ls=ls, marker=mk, color=col, label=s["label"])
+            ax.fill_between(s["N"], s["tpr_lo"], s["tpr_hi"], color=col, alpha=0.12, lw=0)
+            ax2.plot(s["N"], s["sim"], ls=ls, marker=mk, color=col, label=s["label"])
         m0 = metrics[ds]["mean"].get("m0")
-        if m0: ax.axhline(_f(m0["tpr1"]), color="black", ls="--", lw=1, label="M0 (no attack)")
+        if m0: ax.axhline(_f(m0["tpr1"]), color="black", ls="--", lw=0.9, label="M0 (no attack)")
         ns = sorted({n for s in series for n in s["N"]})
         for a in (ax, ax2):
             a.set_xscale("log", base=2); a.set_xticks(ns, [str(n) for n in ns]); a.minorticks_off()
-            a.set_xlabel("candidate budget N"); a.legend(fontsize=7)
+            a.set_xlabel("candidate budget N")
         ax.set_ylim(-0.03, 1.03); ax.set_ylabel("mean TPR @ 1% FPR over detectors")
-        ax.set_title(f"{ds}: detection vs budget (band: 95% bootstrap CI)", fontsize=9)
-        ax2.set_ylabel(f"median similarity ({sim_name})"); ax2.set_title(f"{ds}: fidelity vs budget", fontsize=9)
-    fig.tight_layout()
+        ax.set_title(f"{ds}: detection vs budget (band: 95% bootstrap CI)")
+        ax2.set_ylabel(f"median similarity ({sim_name})"); ax2.set_title(f"{ds}: fidelity vs budget")
+    _fig_legend(fig, ncol=6)
     _save(fig, path)
     return data
 
@@ -289,29 +451,37 @@ def roc_data(scores, metrics: dict, ds: str) -> dict:
     return out
 
 # %% ../nbs/40_figures.ipynb #ceeb4b8e
+@themed
 def plot_roc(scores, metrics: dict, ds: str, path) -> dict:
-    "Write the ROC panels of one dataset (log FPR axis); return the plotted data, {} if nothing to plot."
+    "Write the ROC small multiples of one dataset (a panel per detector, log FPR axis); return the plotted data, {} if nothing to plot."
     data = roc_data(scores, metrics, ds)
     if not data["detectors"]: return {}
     plt = _plt()
     dets = list(data["detectors"])
-    nc = 2 if len(dets) == 4 else min(len(dets), 3); nr = -(-len(dets) // nc)
-    fig, axes = plt.subplots(nr, nc, figsize=(4.3 * nc, 3.9 * nr), squeeze=False)
+    nc = min(len(dets), 4); nr = -(-len(dets) // nc)
+    w = COLUMN_IN if nc == 1 else PAGE_IN
+    fig, axes = plt.subplots(nr, nc, figsize=(w, min(w / nc, 2.1) * 0.95 * nr + 0.75), sharex=True, sharey=True,
+                             squeeze=False, layout="constrained")
     floor = min(0.5 / data["n_human"], 0.002)          # left of the 1% line: FPR = 0 is below any target
     for ax, det in zip(axes.flat, dets):
+        ax.axvline(0.01, color=".35", ls=":", lw=0.9, label="1% FPR target")
+        auc = []
         for c, r in data["detectors"][det].items():
-            col = "black" if c == "m0" else method_color(split_condition(c)[0])
-            ax.plot(np.maximum(r["fpr"], floor), r["tpr"], "-", color=col, lw=1.5, label=f"{short_label(c)} (AUROC {r['auc']:.2f})")
-            ax.plot([max(r["op_fpr"], floor)], [r["op_tpr"]], "o", color=col, ms=6, mfc="white")
-        ax.axvline(0.01, color="red", ls=":", lw=1)
-        ax.text(0.0105, 0.02, "1% FPR", color="red", fontsize=7)
+            col = method_color(split_condition(c)[0])
+            line, = ax.plot(np.maximum(r["fpr"], floor), r["tpr"], "-", color=col, lw=1.2, label=short_label(c) + (" (strongest attack)" if c != "m0" else ""))
+            ax.plot([max(r["op_fpr"], floor)], [r["op_tpr"]], "o", color=col, ms=4.5, mfc="white", mew=1.1)
+            auc.append((line, f"{r['auc']:.2f}"))
         ax.set_xscale("log"); ax.set_xlim(floor * 0.7, 1.05); ax.set_ylim(-0.02, 1.02)
-        ax.set_title(det, fontsize=9); ax.set_xlabel("FPR on human texts (log)"); ax.set_ylabel("TPR")
-        ax.legend(fontsize=7, loc="best")
-    for ax in list(axes.flat)[len(dets):]: ax.axis("off")
-    fig.suptitle(f"{ds}: ROC vs {data['n_human']} human calibration texts; circles: calibrated 1%-FPR threshold; "
-                 f"FPR = 0 drawn at {floor:.3g}", fontsize=9)
-    fig.tight_layout()
+        ax.set_title(det)
+        ax.legend(*zip(*auc), title="AUROC", loc="best", handlelength=1.0, borderaxespad=0.3, labelspacing=0.2)
+    for k, ax in enumerate(axes.flat):
+        if k >= len(dets): ax.axis("off")
+        elif k + nc >= len(dets):                      # no panel below: this one carries the x axis
+            ax.xaxis.set_tick_params(labelbottom=True); ax.set_xlabel("FPR on human texts (log)")
+    axes.flat[0].plot([], [], "o", color=".35", ms=4.5, mfc="white", mew=1.1, label="calibrated 1%-FPR threshold")
+    fig.supylabel("TPR")
+    _fig_legend(fig, ncol=2 if w == COLUMN_IN else 4)
+    fig.suptitle(_wrap(f"{ds}: ROC vs {data['n_human']} human calibration texts (FPR = 0 drawn at {floor:.3g})", w - 0.2))
     _save(fig, path)
     return data
 
@@ -341,6 +511,7 @@ def shield_data(metrics: dict, ds: str) -> dict:
     return dict(sorted(out.items()))
 
 # %% ../nbs/40_figures.ipynb #fcd4bb4e
+@themed
 def plot_shield(metrics: dict, path) -> dict:
     "Write the SHIELD hardness curves (a panel per dataset and strategy); return {dataset: data}, {} if no SHIELD condition."
     data = {ds: d for ds in sorted(metrics) if (d := shield_data(metrics, ds))}
@@ -348,18 +519,23 @@ def plot_shield(metrics: dict, path) -> dict:
     plt = _plt()
     panels = [(ds, strat, st) for ds, d in data.items() for strat, st in d.items()]
     nc = min(len(panels), 3); nr = -(-len(panels) // nc)
-    fig, axes = plt.subplots(nr, nc, figsize=(4.6 * nc, 3.9 * nr), squeeze=False)
+    w = COLUMN_IN if nc == 1 else PAGE_IN
+    fig, axes = plt.subplots(nr, nc, figsize=(w, min(w / nc, 2.4) * 0.9 * nr + 0.5), squeeze=False, layout="constrained")
     for ax, (ds, strat, st) in zip(axes.flat, panels):
+        cols = detector_colors([d for s in st["series"].values() for d in s["per_detector"]])
         for k, (rest, s) in enumerate(st["series"].items()):
-            ax.plot(s["x"], s["tpr"], "-o", color=f"C{k}", lw=2, label=f"mean{' ' + rest if rest else ''}")
-            ax.fill_between(s["x"], s["tpr_lo"], s["tpr_hi"], color=f"C{k}", alpha=0.15)
-            if len(st["series"]) == 1:
-                for j, (d, ys) in enumerate(s["per_detector"].items()):
-                    ax.plot(s["x"], ys, ":", color=f"C{j + 1}", lw=1, alpha=0.8, label=d)
+            ls, mk = _SERIES_STYLES[k % len(_SERIES_STYLES)]
+            single = len(st["series"]) == 1
+            ax.plot(s["x"], s["tpr"], ls=ls, marker=mk, color="black", lw=1.6, label="mean over detectors" + ("" if single else f" ({rest})"))
+            ax.fill_between(s["x"], s["tpr_lo"], s["tpr_hi"], color="black", alpha=0.12, lw=0)
+            if single:
+                for d, ys in s["per_detector"].items():
+                    ax.plot(s["x"], ys, ":", color=cols[d], lw=1, label=d)
         ax.set_ylim(-0.03, 1.03); ax.set_xlabel(f"{st['knob']} (0 = M0)"); ax.set_ylabel("TPR @ 1% FPR")
-        ax.set_title(f"{ds}: SHIELD {strat}", fontsize=9); ax.legend(fontsize=6)
+        rest = next(iter(st["series"])) if len(st["series"]) == 1 else ""
+        ax.set_title(f"{ds}: SHIELD {strat}" + (f"\n{rest}" if rest else ""))
     for ax in list(axes.flat)[len(panels):]: ax.axis("off")
-    fig.tight_layout()
+    _fig_legend(fig, ncol=2 if w == COLUMN_IN else 4)
     _save(fig, path)
     return data
 
@@ -477,23 +653,29 @@ def sanitize_table(metrics: dict, ds: str) -> str:
     return f"## {ds}: homoglyph attack before and after sanitize()\n\n" + md_tex(df)[0] + "\n"
 
 # %% ../nbs/40_figures.ipynb #dfdd293d
+@themed
 def plot_sanitize(metrics: dict, ds: str, path):
+    "TPR@1%FPR per detector vs the homoglyph rate, before (solid, filled) and after (dashed, open) `sanitize()`."
+    from matplotlib.lines import Line2D
     plt = _plt()
     rows = [r for r in sanitize_rows(metrics, ds) if split_condition(r["condition"])[0] in ("m5", "m0")]
     dets = list(dict.fromkeys(r["detector"] for r in rows))
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    cols = detector_colors(dets)
+    fig, ax = plt.subplots(figsize=(COLUMN_IN, 3.3 + 0.13 * -(-len(dets) // 3)), layout="constrained")
     for i, d in enumerate(dets):
         rr = sorted([r for r in rows if r["detector"] == d], key=lambda r: condition_key(r["condition"]))
         x = [100 * parse_setting(split_condition(r["condition"])[1]).get("homoglyph_p", 0.0) for r in rr]
-        col = f"C{i}"
-        ax.plot(x, [r["tpr_before"] for r in rr], "-o", color=col, label=f"{d}")
-        ax.plot(x, [r["tpr_after"] for r in rr], "--s", color=col, alpha=0.7, label=f"{d} + sanitize")
-    ax.set_xlabel("homoglyph substitution rate p (% of characters; 0 = M0)")
+        mk, lw = "os^Dv"[i // 10 % 5], 1.8 if d == "mean" else 1.1       # colours repeat after 10 detectors; markers do not
+        ax.plot(x, [r["tpr_before"] for r in rr], "-", marker=mk, color=cols[d], lw=lw, label=d)
+        ax.plot(x, [r["tpr_after"] for r in rr], "--", marker=mk, color=cols[d], lw=lw, mfc="white", alpha=0.8)
+    xs = sorted({100 * parse_setting(split_condition(r["condition"])[1]).get("homoglyph_p", 0.0) for r in rows})
+    if xs: ax.set_xticks(xs, [f"{x:g}" for x in xs])
+    ax.set_xlabel(_wrap("homoglyph substitution rate p (% of characters; 0 = M0)", COLUMN_IN - 0.5))
     ax.set_ylabel("TPR @ 1% FPR")
     ax.set_ylim(-0.03, 1.03)
-    ax.set_title(f"{ds}: homoglyphs vs detection, before (solid) and after (dashed) sanitize()", fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
+    ax.set_title(_wrap(f"{ds}: homoglyphs vs detection, before (solid) and after (dashed) sanitize()", COLUMN_IN - 0.3))
+    ax.plot([], [], "-o", color=".35", label="before sanitize"); ax.plot([], [], "--o", color=".35", mfc="white", label="after sanitize")
+    _fig_legend(fig, ncol=3)
     return _save(fig, path)
 
 # %% ../nbs/40_figures.ipynb #45bb3185
