@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: install run test test-fast report bench clean-run chromium
+.PHONY: install run test test-fast report bench clean-run chromium lab
 
 install: $(VENV)/.installed
 
@@ -39,6 +39,11 @@ chromium:
 # The report site of a run without Quarto: `make report ARGS="--out_dir artifacts/tiny"` writes artifacts/tiny/site/.
 report: install
 	$(BIN)/stealth-eval report $(ARGS)
+
+# JupyterLab at the project root: the notebooks of nbs/ and a run's executed notebooks in artifacts/notebooks/;
+# `from stealth_eval.report import explore; explore("artifacts")` in a notebook opens a run's explorer.
+lab: install
+	$(BIN)/jupyter lab --notebook-dir=. $(ARGS)
 
 bench: install
 	$(BIN)/python bench/bench.py $(ARGS)

@@ -334,7 +334,7 @@ def explore(run_dir="artifacts", n_examples: int = 4):
     metrics, scores = read_json(run / "metrics.json"), pd.read_parquet(run / "scores.parquet")
     ds_w = W.Dropdown(options=sorted(metrics), description="dataset")
     det_w, cond_w = W.Dropdown(description="detector"), W.Dropdown(description="condition", layout=W.Layout(width="420px"))
-    img, info = W.Image(format="png"), W.HTML()
+    img, info = W.Image(format="png", layout=W.Layout(flex="0 0 auto")), W.HTML()   # the ROC at its own size, never stretched
     busy = [False]
 
     def draw(*_):
@@ -360,4 +360,4 @@ def explore(run_dir="artifacts", n_examples: int = 4):
 
     ds_w.observe(options, names="value"); det_w.observe(draw, names="value"); cond_w.observe(draw, names="value")
     options()
-    return W.VBox([W.HBox([ds_w, det_w, cond_w]), W.HBox([img, info])])
+    return W.VBox([W.HBox([ds_w, det_w, cond_w]), W.HBox([img, info], layout=W.Layout(align_items="flex-start"))])
