@@ -410,7 +410,7 @@ def _cell(s) -> str: return str(s).replace("|", "\\|").replace("\n", " ")
 def acceptance_markdown(acc: dict) -> str:
     "acceptance.md: the verdicts (criterion | verdict | evidence), held-out vs in-reward detection, the §2.2 artifacts, the thresholds."
     s, a = acc["summary"], acc["settings"]["acceptance"]
-    badge = {PASS: "✅ pass", FAIL: "❌ fail", NA: "➖ not applicable"}
+    badge = {PASS: "✓ pass", FAIL: "✗ fail", NA: "– not applicable"}   # glyphs every DejaVu font has (no emoji font needed)
     md = ["# Acceptance criteria (spec §12)", "",
           f"**{s[PASS]} pass, {s[FAIL]} fail, {s[NA]} not applicable.** Every verdict is computed from this run's files "
           f"(metrics.parquet, scores.parquet, quality.parquet, skipped.json); intervals are {100 * acc['settings']['ci_level']:g}% "

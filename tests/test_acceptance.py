@@ -211,7 +211,7 @@ def test_a_skipped_m2_is_not_applicable_with_the_reason(tmp_path):
     assert v[("4a", None)]["verdict"] == "not applicable" and "offline" in v[("4a", None)]["reason"]
     assert v[("2b", "syn")]["verdict"] == "pass"                          # M5 still reduces detection
     md = (tmp_path / "run" / "acceptance.md").read_text(encoding="utf-8")
-    assert f"| ➖ not applicable | M2 (StealthRL) skipped: {why} |" in md
+    assert f"| – not applicable | M2 (StealthRL) skipped: {why} |" in md
 
 
 def test_m3_guides_and_declared_detectors_outside_the_panel():
