@@ -17,9 +17,9 @@ from .core import (StealthEvalError, file_sha256, get_logger, git_commit, packag
                                project_root, read_json, write_json)
 
 # %% auto #0
-__all__ = ['EXIT_OK', 'EXIT_INTERNAL', 'EXIT_USER', 'EXIT_INTERRUPTED', 'OFFLINE_ENV', 'DATASET_SUFFIXES', 'build_parser',
-           'check_offline', 'RunInterrupted', 'check_dataset_args', 'usable_dir', 'kernel_problem', 'run_pipeline',
-           'readme_from_index', 'report_main', 'cache_report', 'cache_main', 'main']
+__all__ = ['EXIT_OK', 'EXIT_INTERNAL', 'EXIT_USER', 'EXIT_INTERRUPTED', 'OFFLINE_ENV', 'DATASET_SUFFIXES', 'STAGE_TAG',
+           'build_parser', 'check_offline', 'RunInterrupted', 'check_dataset_args', 'usable_dir', 'kernel_problem',
+           'stage_notebook', 'run_pipeline', 'readme_from_index', 'report_main', 'cache_report', 'cache_main', 'main']
 
 # %% ../nbs/90_run.ipynb #8de8dc29
 EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED = 0, 1, 2, 130   # exit status: ok, internal error, user error, Ctrl-C
@@ -125,6 +125,24 @@ def _stage_status(info: dict, out: Path, nb: str, status: str, t0: float, error:
     info["stages"][nb] = {"status": status, "seconds": round(time.time() - t0, 1), **({"error": error} if error else {})}
     write_json(out / "run_info.json", info)
 
+# %% ../nbs/90_run.ipynb #ddd50db1
+STAGE_TAG = "stage"   # tags a cell a run needs besides definitions, parameters and run cells (the parameters' derived values)
+
+def stage_notebook(path):
+    """What a run executes of a stage notebook: the prose, the definitions (`#| export`), the hidden imports, the
+    parameters and the cells tagged `stage`, and the run cells (`#| notest`). The toy examples (the notebook's tests,
+    run by `nbdev_test`) are left out: a run shows its own results and never fails on a toy."""
+    import nbformat
+    nb = nbformat.read(str(path), as_version=4)
+    runs = ("#| export", "#| hide", "#| notest", "#| default_exp")
+    def keep(c) -> bool:
+        if c.cell_type != "code": return True
+        if {"parameters", STAGE_TAG} & set(c.metadata.get("tags", [])): return True
+        return c.source.lstrip().startswith(runs)
+    nb.cells = [c for c in nb.cells if keep(c)]
+    return nb
+
+# %% ../nbs/90_run.ipynb #a995ff89
 def _run_stages(nbs: Path, out: Path, params: dict, info: dict, mon=None):
     "Execute the stage notebooks in order with papermill, recording each stage's status in run_info.json."
     import papermill as pm
@@ -134,7 +152,7 @@ def _run_stages(nbs: Path, out: Path, params: dict, info: dict, mon=None):
         log.info(f"stage {nb} ...")
         if mon: mon.start()
         try:
-            pm.execute_notebook(str(nbs / f"{nb}.ipynb"), str(out / "notebooks" / f"{nb}.ipynb"), parameters=params,
+            pm.execute_notebook(stage_notebook(nbs / f"{nb}.ipynb"), str(out / "notebooks" / f"{nb}.ipynb"), parameters=params,
                                 kernel_name="python3", cwd=str(project_root()), progress_bar=False, log_output=True,
                                 extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
         except KeyboardInterrupt:
