@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from .core import Registry, StealthEvalError, UnknownNameError, few as _few, stable_hash
-from .data import file_source, record_source
+from .core import file_source, record_source
 
 # %% auto #0
 __all__ = ['DATA_ENV', 'BENCHMARK_SOURCES', 'PADBEN_SPLIT', 'PADBEN_TASKS', 'PADBEN_GENERATOR', 'PADBEN_LABELS', 'APT_COLUMNS',

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .core import StealthEvalError, UnknownNameError, few as _few, get_logger, read_json
-from .data import file_source, record_source
+from .core import file_source, record_source
 from .models import offline_mode
 
 # %% auto #0

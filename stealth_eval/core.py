@@ -18,16 +18,18 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from contextlib import contextmanager
+from contextvars import ContextVar
 from importlib import metadata
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['CACHE_FORMAT', 'ENGINES', 'PROVENANCE_PACKAGES', 'StealthEvalError', 'UnknownNameError', 'ComponentUnavailable',
-           'few', 'Registry', 'project_root', 'user_cache_dir', 'resolve_path', 'get_logger', 'progress',
-           'sha256_bytes', 'sha256_text', 'stable_hash', 'file_sha256', 'atomic_write_bytes', 'atomic_write_text',
-           'file_lock', 'build_file_once', 'to_jsonable', 'write_json', 'read_json', 'deep_merge', 'record_skipped',
-           'write_jsonl', 'read_jsonl', 'check_entry', 'parts_of', 'LocalEngine', 'Cache', 'verify_store',
-           'prune_store', 'run_cache', 'package_versions', 'git_commit', 'md_tex']
+__all__ = ['CACHE_FORMAT', 'PROVENANCE_PACKAGES', 'StealthEvalError', 'UnknownNameError', 'ComponentUnavailable', 'few',
+           'Registry', 'project_root', 'user_cache_dir', 'resolve_path', 'get_logger', 'progress', 'sha256_bytes',
+           'sha256_text', 'stable_hash', 'file_sha256', 'atomic_write_bytes', 'atomic_write_text', 'file_lock',
+           'build_file_once', 'to_jsonable', 'write_json', 'read_json', 'deep_merge', 'record_skipped', 'write_jsonl',
+           'read_jsonl', 'check_entry', 'parts_of', 'LocalEngine', 'Cache', 'verify_store', 'prune_store',
+           'record_source', 'recording_sources', 'file_source', 'package_versions', 'git_commit', 'md_tex']
 
 # %% ../nbs/01_core.ipynb #d5cc8c30
 class StealthEvalError(Exception):
@@ -399,14 +401,27 @@ def prune_store(root, min_temp_age_s: float = 3600) -> dict:
     report["removed"] = removed
     return report
 
-# %% ../nbs/01_core.ipynb #11e9f9d6
-ENGINES = Registry("engine", {"local": LocalEngine, "ray": "stealth_eval.engine:RayEngine"})
+# %% ../nbs/01_core.ipynb #f453b2a3
+_SOURCES: ContextVar = ContextVar("stealth_eval_sources", default=None)
 
-def run_cache(cfg: dict) -> Cache:
-    """The content cache of a run: `cfg['cache_dir']` (default `user_cache_dir()/store`), disabled by `no_cache`, its
-    misses computed by the run's engine (`cfg['engine']['name']`: local, or ray)."""
-    e = cfg.get("engine") or {"name": "local"}
-    return Cache(cfg.get("cache_dir") or None, enabled=not cfg.get("no_cache", False), engine=ENGINES.get(e["name"])(e))
+def record_source(source: dict) -> dict:
+    "Note one input a loader read; an open `recording_sources` block keeps it (once). Returns `source`."
+    kept = _SOURCES.get()
+    if kept is not None and source not in kept: kept.append(source)
+    return source
+
+@contextmanager
+def recording_sources():
+    "A block that collects every `record_source` made inside it: yields the list."
+    token = _SOURCES.set([])
+    try: yield _SOURCES.get()
+    finally: _SOURCES.reset(token)
+
+def file_source(files, reader: str, **extra) -> dict:
+    "The identity of local files a reader read: each file's path, size and SHA-256."
+    files = [Path(f) for f in ([files] if isinstance(files, (str, Path)) else files)]
+    return {"kind": "local", "reader": reader, **extra,
+            "files": [{"path": str(f), "bytes": f.stat().st_size, "sha256": file_sha256(f)} for f in files]}
 
 # %% ../nbs/01_core.ipynb #c1d471de
 PROVENANCE_PACKAGES = ["stealth-eval", "torch", "transformers", "numpy", "pandas", "scipy", "sentence-transformers",

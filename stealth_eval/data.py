@@ -8,21 +8,20 @@ from __future__ import annotations
 import importlib.util
 import math
 from collections import Counter
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .components import DATASETS, DETECTORS, METHODS, Built, Dataset, FunctionDataset
-from .core import (Cache, StealthEvalError, few as _few, file_sha256, get_logger, read_json, read_jsonl, run_cache,
-                               sha256_text, write_json, write_jsonl)
+from .core import (Cache, StealthEvalError, few as _few, file_source, get_logger, read_json, read_jsonl,
+                               recording_sources, sha256_text, write_json, write_jsonl)
+from .engine import run_cache
 
 # %% auto #0
 __all__ = ['SCHEMA', 'LABELS', 'text_validity', 'validate_records', 'check_usable', 'load_dataset_file', 'normalize_ws',
            'lee_documents', 'needs_train_split', 'train_split_path', 'load_train_split', 'build_lee_news',
-           'build_lee_news_kgw', 'dataset_card', 'record_source', 'recording_sources', 'file_source',
-           'stratified_sample', 'drop_repeated_human_texts', 'benchmark_train_split', 'BenchmarkDataset',
-           'dataset_path', 'run_data_stage', 'load_run_dataset', 'card_markdown']
+           'build_lee_news_kgw', 'dataset_card', 'stratified_sample', 'drop_repeated_human_texts',
+           'benchmark_train_split', 'BenchmarkDataset', 'dataset_path', 'run_data_stage', 'load_run_dataset',
+           'card_markdown']
 
 # %% ../nbs/00_data.ipynb #64d8f460
 SCHEMA = ["id", "label", "domain", "generator", "text"]
@@ -294,28 +293,6 @@ def dataset_card(name: str, df, drops: list, source: str) -> dict:
         "dropped": _drop_counts(drops),
         "drops": drops,
     }
-
-# %% ../nbs/00_data.ipynb #f453b2a3
-_SOURCES: ContextVar = ContextVar("stealth_eval_sources", default=None)
-
-def record_source(source: dict) -> dict:
-    "Note one input a loader read; an open `recording_sources` block keeps it (once). Returns `source`."
-    kept = _SOURCES.get()
-    if kept is not None and source not in kept: kept.append(source)
-    return source
-
-@contextmanager
-def recording_sources():
-    "A block that collects every `record_source` made inside it: yields the list."
-    token = _SOURCES.set([])
-    try: yield _SOURCES.get()
-    finally: _SOURCES.reset(token)
-
-def file_source(files, reader: str, **extra) -> dict:
-    "The identity of local files a reader read: each file's path, size and SHA-256."
-    files = [Path(f) for f in ([files] if isinstance(files, (str, Path)) else files)]
-    return {"kind": "local", "reader": reader, **extra,
-            "files": [{"path": str(f), "bytes": f.stat().st_size, "sha256": file_sha256(f)} for f in files]}
 
 # %% ../nbs/00_data.ipynb #afd25f32
 def stratified_sample(records: list, n: int | None, seed: int, name: str) -> tuple:

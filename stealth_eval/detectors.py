@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from .components import DETECTORS, Detector
-from .core import Cache, ComponentUnavailable, get_logger, progress, read_jsonl, run_cache, sha256_text, write_json
+from .core import Cache, ComponentUnavailable, get_logger, progress, read_jsonl, sha256_text, write_json
+from .engine import run_cache
 
 # %% auto #0
 __all__ = ['PANEL_VERSION', 'panel_batch', 'binoculars_batch', 'panel_from_logits', 'panel_stats', 'binoculars_from_logits',

@@ -9,11 +9,11 @@ import os
 
 import numpy as np
 
-from .core import StealthEvalError, get_logger, parts_of, progress
+from .core import Cache, LocalEngine, Registry, StealthEvalError, get_logger, parts_of, progress
 
 # %% auto #0
-__all__ = ['RAY_INSTALL', 'FAULT_ENV', 'require_ray', 'forwarded_env', 'connect', 'RayEngine', 'start_local_cluster',
-           'stop_local_cluster']
+__all__ = ['RAY_INSTALL', 'FAULT_ENV', 'ENGINES', 'require_ray', 'forwarded_env', 'connect', 'RayEngine', 'run_cache',
+           'start_local_cluster', 'stop_local_cluster']
 
 # %% ../nbs/08_engine.ipynb #ac6790e5
 RAY_INSTALL = 'pip install -e ".[ray]"'
@@ -108,6 +108,15 @@ class RayEngine:
             yield pos, [json.loads(v) for v in b["v"]]
             bar.update(len(pos))
         bar.close()
+
+# %% ../nbs/08_engine.ipynb #11e9f9d6
+ENGINES = Registry("engine", {"local": LocalEngine, "ray": RayEngine})
+
+def run_cache(cfg: dict) -> Cache:
+    """The content cache of a run: `cfg['cache_dir']` (default `user_cache_dir()/store`), disabled by `no_cache`, its
+    misses computed by the run's engine (`cfg['engine']['name']`: local, or ray)."""
+    e = cfg.get("engine") or {"name": "local"}
+    return Cache(cfg.get("cache_dir") or None, enabled=not cfg.get("no_cache", False), engine=ENGINES.get(e["name"])(e))
 
 # %% ../nbs/08_engine.ipynb #8c6c19e4
 def start_local_cluster(settings) -> bool:

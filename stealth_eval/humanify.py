@@ -12,7 +12,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from .components import METHODS, FunctionMethod
-from .core import (ComponentUnavailable, StealthEvalError, get_logger, read_jsonl, run_cache, sha256_text,
+from .engine import run_cache
+from .core import (ComponentUnavailable, StealthEvalError, get_logger, read_jsonl, sha256_text,
                                stable_hash, write_json)
 from .models import row_seed
 from .schema import Polish, Shield

@@ -121,7 +121,8 @@ def _outputs_rows(r, out, method, defenses, vcfg, base):
 def run_methods_stage(cfg: dict, cache: Cache | None = None):
     "Apply the methods and the sanitize defense; write `raw_outputs.jsonl`; return a count table."
     import pandas as pd
-    from stealth_eval.core import ComponentUnavailable, run_cache
+    from stealth_eval.core import ComponentUnavailable
+    from stealth_eval.engine import run_cache
     cache = cache or run_cache(cfg)
     out_dir = Path(cfg["out_dir"])
     (out_dir / "generations.jsonl").unlink(missing_ok=True)   # the raw generation log of this stage, written afresh

@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 
 from .components import DETECTORS, dataset_analyses
-from .core import Cache, get_logger, md_tex, progress, read_jsonl, run_cache, sha256_text, stable_hash, write_json
+from .core import Cache, get_logger, md_tex, progress, read_jsonl, sha256_text, stable_hash, write_json
+from .engine import run_cache
 from .models import similarities
 
 # %% auto #0

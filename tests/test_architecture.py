@@ -2,6 +2,7 @@
 outside the package runs end to end through the command line without touching any other file."""
 import ast
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -23,7 +24,7 @@ BASE = {"core", "components", "engine", "models", "schema", "watermark"}
 
 
 def import_graph() -> dict:
-    "module -> the package's modules it imports, function-local imports included (walked with `ast`)."
+    "module -> the package's modules it imports, function-local imports and registry strings included (walked with `ast`)."
     mods = {p.stem for p in PKG.glob("*.py") if p.stem not in ("__init__", "_modidx")}
     graph = {}
     for m in mods:
@@ -35,6 +36,9 @@ def import_graph() -> dict:
                 elif n.module and n.module.startswith("stealth_eval."): deps.add(n.module.split(".")[1])
             elif isinstance(n, ast.Import):
                 deps |= {a.name.split(".")[1] for a in n.names if a.name.startswith("stealth_eval.")}
+            elif isinstance(n, ast.Constant) and isinstance(n.value, str):   # a registry's lazy "stealth_eval.mod:attr"
+                m_ = re.fullmatch(r"stealth_eval\.(\w+):\w+", n.value)
+                if m_: deps.add(m_.group(1))
         graph[m] = deps & mods - {m}
     return graph
 
@@ -62,6 +66,7 @@ def test_the_import_walk_sees_function_local_imports():
     g = import_graph()
     assert "report" in g["run"]          # `from stealth_eval.report import headline` inside main()
     assert "models" in g["detectors"]    # function-local `from stealth_eval.models import ...`
+    assert "benchmarks_hub" in g["data"]  # a registry string "stealth_eval.benchmarks_hub:load_mage"
 
 
 def test_no_import_circle():

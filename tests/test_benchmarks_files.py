@@ -63,7 +63,7 @@ def test_padben_counts_and_labels(padben):
 def test_padben_records_what_it_read():
     "Each file a loader reads goes into the run's provenance with its size and SHA-256 (#16)."
     import hashlib
-    from stealth_eval.data import recording_sources
+    from stealth_eval.core import recording_sources
     with recording_sources() as sources:
         load_padben(folder("padben"))
     files = [f for s in sources for f in s["files"]]

@@ -17,7 +17,8 @@ import pytest
 
 from stealth_eval import benchmarks_hub as bh
 from stealth_eval.core import StealthEvalError
-from stealth_eval.data import recording_sources, validate_records
+from stealth_eval.core import recording_sources
+from stealth_eval.data import validate_records
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 AP = SHARED_DATA / "adversarial_paraphrasing"

@@ -15,7 +15,7 @@ import pytest
 
 from stealth_eval import benchmarks_hub as bh
 from stealth_eval.core import StealthEvalError, read_json
-from stealth_eval.data import recording_sources
+from stealth_eval.core import recording_sources
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,7 @@ CHILD = """
 import gc, json, re, resource, sys, time
 from collections import Counter
 from stealth_eval import benchmarks_hub as bh
-from stealth_eval.data import recording_sources
+from stealth_eval.core import recording_sources
 def peak_kb():   # the process's peak RSS (Linux: VmHWM, which clear_refs can restart), else ru_maxrss
     try: return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read())[1])
     except OSError: return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
