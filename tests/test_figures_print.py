@@ -12,7 +12,7 @@ from matplotlib.text import Annotation, Text
 from PIL import Image
 
 from stealth_eval import figures as F
-from test_report import QUAL, SYN, _metrics
+from test_report import QUAL, SYN, SYN_R, _metrics, _results
 
 
 def _overlap(a, b, tol=1.0) -> bool:
@@ -64,22 +64,22 @@ def facts(monkeypatch):
     return seen
 
 
-def _roc_scores(metrics, ds="mage", n=40, seed=0):
-    "scores.parquet-shaped rows: human texts (M0) and AI texts of M0 and the strongest attack, for every detector."
+def _roc_scores(r, ds="mage", n=40, seed=0):
+    "scores.parquet-shaped rows: human texts (M0) and AI texts of M0 and the strongest attack, for every detector of `r` (`results_frame`)."
     rng, rows = np.random.default_rng(seed), []
-    dets = [d for d in metrics[ds] if d != "mean"]
+    dets = F.detectors(r, ds)
     for d in dets:
         rows += [{"dataset": ds, "candidate_rank": 0, "defense": "none", "label": "human", "condition": "m0", "sample_id": f"h{i}",
                   "detector_name": d, "detector_score_ai": v} for i, v in enumerate(rng.normal(0, 1, n))]
-        for c, shift in (("m0", 1.5), (F.strongest_attack(metrics, ds), 0.3)):
+        for c, shift in (("m0", 1.5), (F.strongest_attack(r, ds), 0.3)):
             rows += [{"dataset": ds, "candidate_rank": 0, "defense": "none", "label": "ai", "condition": c, "sample_id": f"a{i}",
                       "detector_name": d, "detector_score_ai": v} for i, v in enumerate(rng.normal(shift, 1, n))]
     return pd.DataFrame(rows)
 
 
-SAN = _metrics({"m0": [0.9, 0.95, 0.7], "m5:homoglyph_p=0.005": [0.5, 0.9, 0.2], "m5:homoglyph_p=0.02": [0.2, 0.85, 0.05],
-                "m0+sanitize": [0.9, 0.95, 0.7], "m5:homoglyph_p=0.005+sanitize": [0.88, 0.95, 0.68],
-                "m5:homoglyph_p=0.02+sanitize": [0.86, 0.94, 0.66]})
+SAN = _results(_metrics({"m0": [0.9, 0.95, 0.7], "m5:homoglyph_p=0.005": [0.5, 0.9, 0.2], "m5:homoglyph_p=0.02": [0.2, 0.85, 0.05],
+                         "m0+sanitize": [0.9, 0.95, 0.7], "m5:homoglyph_p=0.005+sanitize": [0.88, 0.95, 0.68],
+                         "m5:homoglyph_p=0.02+sanitize": [0.86, 0.94, 0.66]}))
 PAPER_DETS = ("roberta_openai", "log_likelihood", "log_rank", "rank", "entropy", "lrr", "fast_detectgpt", "detectgpt", "npr",
               "proxihuman", "binoculars")
 PAPER_CONDS = (["m0"] + [f"m{k}:N={n}" for k in (1, 2, 4) for n in (1, 2, 4, 8)]
@@ -89,17 +89,17 @@ PAPER_CONDS = (["m0"] + [f"m{k}:N={n}" for k in (1, 2, 4) for n in (1, 2, 4, 8)]
 
 def test_every_figure_reads_at_print_size(tmp_path, facts):
     font = matplotlib.rcParams["font.size"]
-    two, q2 = {**SYN, "raid": SYN["mage"]}, {**QUAL, "raid": QUAL["mage"]}
+    two, q2 = _results({**SYN, "raid": SYN["mage"]}), {**QUAL, "raid": QUAL["mage"]}
     rng = np.random.default_rng(1)
-    paper = _metrics({c: list(rng.uniform(0, 1, len(PAPER_DETS))) for c in PAPER_CONDS}, dets=PAPER_DETS)
-    F.plot_heatmap(SYN, "mage", tmp_path / "heatmap.png", reward=F.in_reward_cells({}, F.heatmap_data(SYN, "mage")[1]))
+    paper = _results(_metrics({c: list(rng.uniform(0, 1, len(PAPER_DETS))) for c in PAPER_CONDS}, dets=PAPER_DETS))
+    F.plot_heatmap(SYN_R, "mage", tmp_path / "heatmap.png", reward=F.in_reward_cells({}, F.heatmap_data(SYN_R, "mage")[1]))
     F.plot_heatmap(paper, "mage", tmp_path / "heatmap_paper.png", reward=F.in_reward_cells({}, F.heatmap_data(paper, "mage")[1]))
-    F.plot_tradeoff(SYN, QUAL, tmp_path / "tradeoff.png", sim_name="all-minilm-l6-v2")
+    F.plot_tradeoff(SYN_R, QUAL, tmp_path / "tradeoff.png", sim_name="all-minilm-l6-v2")
     F.plot_tradeoff(two, q2, tmp_path / "tradeoff_two.png")
     F.plot_budget_sweep(two, q2, tmp_path / "budget.png")
-    F.plot_shield(SYN, tmp_path / "shield.png")
+    F.plot_shield(SYN_R, tmp_path / "shield.png")
     F.plot_sanitize(SAN, "mage", tmp_path / "sanitize.png")
-    assert F.plot_roc(_roc_scores(SYN), SYN, "mage", tmp_path / "roc.png")
+    assert F.plot_roc(_roc_scores(SYN_R), SYN_R, "mage", tmp_path / "roc.png")
     assert len(facts) == 8
     for name, f in facts.items():
         w, h = f["size"]
@@ -118,8 +118,8 @@ def test_every_figure_reads_at_print_size(tmp_path, facts):
 
 def test_tradeoff_labels_of_coinciding_points(tmp_path, facts):
     "One point per method, several at the same place (M1 and M3 at N = 1 choose among one candidate): labels stay apart."
-    m = _metrics({"m0": [0.9, 0.9, 0.9], "m1:N=1": [0.3, 0.3, 0.3], "m3:guide=ensemble,N=1": [0.3, 0.3, 0.3],
-                  "m3:guide=fast_detectgpt,N=1": [0.3, 0.3, 0.3], "m5:homoglyph_p=0.02": [0.35, 0.3, 0.3]})
+    m = _results(_metrics({"m0": [0.9, 0.9, 0.9], "m1:N=1": [0.3, 0.3, 0.3], "m3:guide=ensemble,N=1": [0.3, 0.3, 0.3],
+                           "m3:guide=fast_detectgpt,N=1": [0.3, 0.3, 0.3], "m5:homoglyph_p=0.02": [0.35, 0.3, 0.3]}))
     q = {"mage": {"m0": {"sim_median": 1.0}, "m1:N=1": {"sim_median": 0.71}, "m3:guide=ensemble,N=1": {"sim_median": 0.71},
                   "m3:guide=fast_detectgpt,N=1": {"sim_median": 0.71}, "m5:homoglyph_p=0.02": {"sim_median": 0.995}}}
     pts = F.plot_tradeoff(m, q, tmp_path / "fig_tradeoff.png")["mage"]
@@ -131,9 +131,9 @@ def test_tradeoff_labels_of_coinciding_points(tmp_path, facts):
 def test_a_rehearsal_banner_sits_above_the_titles(tmp_path, facts, monkeypatch):
     "A rehearsal run stamps every figure (06_rehearsal): the banner stays on the canvas and off every title."
     monkeypatch.setitem(F._MARK, "rehearsal", True)
-    F.plot_tradeoff(SYN, QUAL, tmp_path / "tradeoff.png")
-    F.plot_heatmap(SYN, "mage", tmp_path / "heatmap.png")
-    F.plot_roc(_roc_scores(SYN), SYN, "mage", tmp_path / "roc.png")
+    F.plot_tradeoff(SYN_R, QUAL, tmp_path / "tradeoff.png")
+    F.plot_heatmap(SYN_R, "mage", tmp_path / "heatmap.png")
+    F.plot_roc(_roc_scores(SYN_R), SYN_R, "mage", tmp_path / "roc.png")
     assert len(facts) == 3
     for name, f in facts.items():
         assert any("REHEARSAL" in t for t in f["figure_texts"]), name

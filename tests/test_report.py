@@ -1,4 +1,5 @@
 """The report site of a real tiny run, opened in headless Chromium; the figure functions on synthetic metrics."""
+import io
 import re
 import shutil
 import subprocess
@@ -8,11 +9,13 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from conftest import ROOT, read_json
 
 from stealth_eval import figures as F
+from stealth_eval import metrics as M
 from stealth_eval.report import build_site, explorer_data, find_chromium, screenshot
 
 
@@ -119,13 +122,25 @@ def _metrics(tprs: dict, dets=("fast_detectgpt", "roberta_openai", "log_rank"), 
     for c, vals in tprs.items():
         defense = F.split_condition(c)[2] or "none"
         for d, v in zip(dets, vals):
-            m[ds][d][c] = {"label": "ai", "defense": defense, "auc": 0.5 + v / 2, "auc_ci_low": 0.4, "auc_ci_high": 0.9,
-                           "tpr1": v, "tpr1_ci_low": max(v - 0.1, 0), "tpr1_ci_high": min(v + 0.1, 1), "asr": 1 - v,
-                           "n_ai": 100, "n_ai_invalid": 0}
+            m[ds][d][c] = {"label": "ai", "defense": defense, "auc": 0.5 + v / 2, "auc_mean": 0.5 + v / 2, "auc_ci_low": 0.4,
+                           "auc_ci_high": 0.9, "tpr1": v, "tpr1_mean": v, "tpr1_ci_low": max(v - 0.1, 0), "tpr1_ci_high": min(v + 0.1, 1),
+                           "asr": 1 - v, "n_ai": 100, "n_ai_invalid": 0}
         t = float(np.mean(vals))
-        m[ds]["mean"][c] = {"label": "ai", "defense": defense, "auc": 0.5 + t / 2, "tpr1": t, "tpr1_ci_low": t - 0.05,
+        m[ds]["mean"][c] = {"label": "ai", "defense": defense, "auc": 0.5 + t / 2, "tpr1": t, "tpr1_mean": t, "tpr1_ci_low": t - 0.05,
                             "tpr1_ci_high": t + 0.05, "asr": 1 - t}
     return m
+
+
+def _results(m: dict, thresholds: dict | None = None):
+    """`m` as the figures read it: written by the metrics stage's writer (`metrics_long`, with each condition's parts and
+    a threshold per detector), through Parquet, loaded by `results_frame`."""
+    facts = pd.DataFrame([{"dataset": ds, "condition": c, "method": me, "setting": s, "defense": d or "none"}
+                          for ds, dd in m.items() for cc in dd.values() for c in cc for me, s, d in [F.split_condition(c)]])
+    cal = {"threshold": 0.5, "fpr_target": 0.01, "fpr_achieved": 0.01, "n_human": 100, "n_human_invalid": 0, "note": ""}
+    thr = thresholds or {ds: {d: {"none": {"fpr=0.01": cal}} for d in dd if d != "mean"} for ds, dd in m.items()}
+    buf = io.BytesIO()
+    M.metrics_long(facts, m, thr).to_parquet(buf, index=False)
+    return F.results_frame(pd.read_parquet(buf))
 
 
 SYN = _metrics({"m0": [0.9, 0.95, 0.7], "m1:N=1": [0.6, 0.7, 0.5], "m1:N=2": [0.5, 0.6, 0.4], "m1:N=4": [0.3, 0.5, 0.2],
@@ -136,6 +151,7 @@ SYN = _metrics({"m0": [0.9, 0.95, 0.7], "m1:N=1": [0.6, 0.7, 0.5], "m1:N=2": [0.
                 "shield:strategy=ai_swap,p=0.05,infill=causal_lm": [0.7, 0.7, 0.5],
                 "shield:strategy=recursive,rounds=1": [0.7, 0.8, 0.6], "shield:strategy=recursive,rounds=3": [0.4, 0.5, 0.3]})
 SYN["mage"]["fast_detectgpt"]["polish:polish=degree,level=minor"] = {"label": "human", "defense": "none", "flag_rate1": 0.2}
+SYN_R = _results(SYN)
 QUAL = {"mage": {"m0": {"sim_median": 1.0}, "m1:N=1": {"sim_median": 0.95}, "m1:N=2": {"sim_median": 0.94},
                  "m1:N=4": {"sim_median": 0.92}, "m3:guide=fast_detectgpt,N=4": {"sim_median": 0.9},
                  "m3:guide=fast_detectgpt,N=8": {"sim_median": 0.88}, "m3:guide=ensemble,N=8": {"sim_median": 0.97}}}
@@ -144,14 +160,17 @@ QUAL = {"mage": {"m0": {"sim_median": 1.0}, "m1:N=1": {"sim_median": 0.95}, "m1:
 def test_parse_setting_and_labels():
     assert F.parse_setting("guide=fast_detectgpt,N=8") == {"guide": "fast_detectgpt", "N": 8}
     assert F.parse_setting("strategy=ai_swap,p=0.05,infill=causal_lm") == {"strategy": "ai_swap", "p": 0.05, "infill": "causal_lm"}
-    assert F.short_label("m3:guide=roberta_openai,N=4") == "M3 g=RoBERTa N=4"
-    assert F.short_label("shield:strategy=recursive,rounds=3") == "SHIELD recursive rounds=3"
-    assert F.short_label("m5:homoglyph_p=0.01+sanitize") == "M5 p=1% +san"
+    assert F.short_label("m3", F.parse_setting("guide=roberta_openai,N=4")) == "M3 g=RoBERTa N=4"
+    assert F.short_label("shield", F.parse_setting("strategy=recursive,rounds=3")) == "SHIELD recursive rounds=3"
+    assert F.short_label("m5", F.parse_setting("homoglyph_p=0.01"), "sanitize") == "M5 p=1% +san"
+    r = _results(_metrics({"m3:guide=roberta_openai,N=4": [0.5] * 3, "m5:homoglyph_p=0.01+sanitize": [0.5] * 3}))
+    c = F.conditions(r)                                                  # the loaded table carries the labels and typed fields
+    assert list(c["short"]) == ["M3 g=RoBERTa N=4", "M5 p=1% +san"] and list(c["setting.N"].fillna(0)) == [4, 0]
 
 
 def test_budget_sweep(tmp_path):
     path = tmp_path / "fig_budget_sweep.png"
-    data = F.plot_budget_sweep(SYN, QUAL, path)
+    data = F.plot_budget_sweep(SYN_R, QUAL, path)
     assert path.stat().st_size > 20_000
     series = {s["label"]: s for s in data["mage"]}
     assert set(series) == {"M1", "M3 g=FDG", "M3 g=RoBERTa", "M3 g=ens"}
@@ -160,13 +179,13 @@ def test_budget_sweep(tmp_path):
     assert series["M1"]["sim"] == pytest.approx([0.95, 0.94, 0.92])
     assert series["M3 g=FDG"]["N"] == [4, 8] and series["M3 g=FDG"]["tpr_lo"] == pytest.approx([0.3167 - 0.05, 0.2733 - 0.05], abs=1e-3)
     assert np.isnan(series["M3 g=RoBERTa"]["sim"][0])                 # no quality entry: NaN, not invented
-    one = _metrics({"m0": [0.9, 0.9, 0.9], "m1:N=4": [0.5, 0.5, 0.5]})
+    one = _results(_metrics({"m0": [0.9, 0.9, 0.9], "m1:N=4": [0.5, 0.5, 0.5]}))
     assert F.plot_budget_sweep(one, QUAL, tmp_path / "none.png") == {} and not (tmp_path / "none.png").exists()
 
 
 def test_tradeoff(tmp_path):
     path = tmp_path / "fig_tradeoff.png"
-    data = F.plot_tradeoff(SYN, QUAL, path)
+    data = F.plot_tradeoff(SYN_R, QUAL, path)
     assert path.stat().st_size > 20_000
     pts = {p["condition"]: p for p in data["mage"]}
     assert set(pts) == set(QUAL["mage"])                               # only conditions with a similarity
@@ -177,7 +196,7 @@ def test_tradeoff(tmp_path):
 
 def test_shield(tmp_path):
     path = tmp_path / "fig_shield.png"
-    data = F.plot_shield(SYN, path)
+    data = F.plot_shield(SYN_R, path)
     assert path.stat().st_size > 20_000
     d = data["mage"]
     assert list(d) == ["ai_swap", "random", "recursive"]
@@ -186,7 +205,7 @@ def test_shield(tmp_path):
     assert r["x"] == [0, 0.05, 0.1] and r["conditions"][0] == "m0"
     assert r["tpr"] == pytest.approx([np.mean([0.9, 0.95, 0.7]), np.mean([0.8, 0.9, 0.6]), np.mean([0.6, 0.8, 0.4])])
     assert d["recursive"]["series"][""]["per_detector"]["log_rank"] == pytest.approx([0.7, 0.6, 0.3])
-    assert F.plot_shield(_metrics({"m0": [0.9, 0.9, 0.9]}), tmp_path / "none.png") == {}
+    assert F.plot_shield(_results(_metrics({"m0": [0.9, 0.9, 0.9]})), tmp_path / "none.png") == {}
 
 
 def md_rows(md: str) -> list:
@@ -195,24 +214,26 @@ def md_rows(md: str) -> list:
 
 
 def test_transfer_table():
-    td = F.transfer_data(SYN, "mage")
+    td = F.transfer_data(SYN_R, "mage")
     assert td["detectors"] == ["fast_detectgpt", "roberta_openai", "log_rank"]
     rows = {r["condition"]: r for r in td["rows"]}
     assert list(rows)[0] == "m0" and len(rows) == 5
     r = rows["m3:guide=fast_detectgpt,N=8"]
     assert r["tpr"]["fast_detectgpt"] == 0.02 and r["heldout_mean"] == pytest.approx((0.55 + 0.25) / 2)
     assert np.isnan(rows["m3:guide=ensemble,N=8"]["heldout_mean"])
-    md = F.transfer_table(SYN)
+    md = F.transfer_table(SYN_R)
     assert ["fast_detectgpt", "8", "**0.020**", "0.550", "0.250", "0.273", "0.400"] in md_rows(md)
     assert ["roberta_openai", "4", "0.500", "**0.030**", "0.400"] in [r[:5] for r in md_rows(md)]
-    assert F.transfer_table(_metrics({"m0": [0.9, 0.9, 0.9], "m1:N=1": [0.5, 0.5, 0.5]})) == ""
+    assert F.transfer_table(_results(_metrics({"m0": [0.9, 0.9, 0.9], "m1:N=1": [0.5, 0.5, 0.5]}))) == ""
 
 
 def test_main_table_footnotes_skipped():
-    thr = {"mage": {d: {"none": {"fpr=0.01": {"threshold": 1.0, "n_human": 200, "fpr_achieved": 0.01, "note": ""}}}
+    thr = {"mage": {d: {"none": {"fpr=0.01": {"threshold": 1.0, "fpr_target": 0.01, "n_human": 200, "fpr_achieved": 0.01, "note": ""}}}
                     for d in ("fast_detectgpt", "roberta_openai", "log_rank")}}
-    md, tex = F.main_table(SYN, thr, "mage", skipped={"binoculars": "falcon-7b not in the hub cache"},
+    md, tex = F.main_table(_results(SYN, thr), "mage", skipped={"binoculars": "falcon-7b not in the hub cache"},
                            skipped_methods={"m4": "authormist unreachable offline"})
     assert "binoculars: falcon-7b not in the hub cache" in md and "m4: authormist unreachable offline" in md
     assert "POLISH" not in md                                          # human-text conditions are not attacks
     assert ["M1 N=4", "0.650", "0.300", "0.700"] in [r[:4] for r in md_rows(md)]
+    assert "fast_detectgpt: threshold 1 from 200 human texts (achieved FPR 0.010)" in md    # the calibration rows of the table
+    assert "- M1 N=4 / fast_detectgpt: AUC [0.400, 0.900], TPR [0.200, 0.400], n_ai=100 (invalid 0)" in md
