@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .components import dataset_analyses
+from .components import METHODS, dataset_analyses
 from .core import atomic_write_text, read_json, write_json
 from .metrics import TABLE_COLS, calibration_sets, condition_scores, threshold_at_fpr, tpr_rows
 from .schema import Settings
 
 # %% auto #0
-__all__ = ['PASS', 'FAIL', 'NA', 'NAMES', 'verdict', 'parse_setting', 'reward_split', 'mean_tpr', 'tpr_contrast', 'transfer_rows',
+__all__ = ['PASS', 'FAIL', 'NA', 'verdict', 'parse_setting', 'reward_split', 'mean_tpr', 'tpr_contrast', 'transfer_rows',
            'run_config', 'load_run', 'method_name', 'method_status', 'spec_artifacts', 'check_artifacts',
            'check_m0_high', 'check_attacks_reduce', 'median_ci', 'check_similarity', 'check_transfer',
            'check_comparisons', 'evaluate', 'acceptance_markdown', 'acceptance_rows', 'write_acceptance']
@@ -138,12 +138,9 @@ def load_run(out_dir) -> dict:
             "quality": pq("quality.parquet"), "skipped": j("skipped.json"), "notes": j("figures_notes.json").get("not_written", {})}
 
 # %% ../nbs/35_acceptance.ipynb #92b6509a
-NAMES = {"m0": "M0 (no attack)", "m1": "M1 (paraphrase)", "m2": "M2 (StealthRL)", "m3": "M3 (Adversarial Paraphrasing)",
-         "m4": "M4 (AuthorMist)", "m5": "M5 (homoglyphs)"}
-
 def method_name(m: str) -> str:
-    "How a method reads in the report: 'M2 (StealthRL)'; one without a name here in capitals."
-    return NAMES.get(m, m.upper())
+    "How a method reads in the report: its registered `display` ('M2 (StealthRL)'); an unregistered one in capitals."
+    return METHODS.get(m).display if m in METHODS else m.upper()
 
 # %% ../nbs/35_acceptance.ipynb #9157d7ff
 def _main(table, ds: str | None = None, fpr: float | None = None):

@@ -62,7 +62,7 @@ class Detector(ABC):
 class Method(ABC):
     "An attack (or an edit of human texts): identity, display, what it applies to, and one calling convention."
     name: str
-    label: str = ""                # display label for legends (the name when empty)
+    label: str = ""                # what papers call it ("StealthRL"): reports read "M2 (StealthRL)"
     color: str = "C7"              # matplotlib colour of its curves and bars
     reference: str = ""
     applies_to: str = "ai"         # "ai": attacks AI texts; "human": edits human texts (they stay labelled human)
@@ -74,7 +74,7 @@ class Method(ABC):
             raise ValueError(f"method {self.name!r}: applies_to must be 'ai' or 'human', got {self.applies_to!r}")
 
     @property
-    def display(self) -> str: return self.label or self.name
+    def display(self) -> str: return f"{self.name.upper()} ({self.label})" if self.label else self.name.upper()
     @abstractmethod
     def apply(self, items: list, cfg: dict, cache) -> list:
         "One list of outputs `{setting, candidates: [{text, facts}]}` per item."

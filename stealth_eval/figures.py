@@ -706,13 +706,13 @@ def main_table(r, ds: str, defense: str = "none", skipped: dict | None = None, s
 
 # %% ../nbs/40_figures.ipynb #6ea5ac08
 def transfer_data(r, ds: str) -> dict:
-    "{'detectors', 'rows': [{condition, guide, N, tpr: {det: v}, mean, heldout_mean}]}; rows empty without M3 guide settings."
+    "{'detectors', 'rows': [{condition, guide, N, tpr: {det: v}, mean, heldout_mean}]}; rows empty without `guide=` settings."
     dets = detectors(r, ds)
     tpr = metric_grid(r, ds, "tpr", dets=dets + ["mean"])
     cs = conditions(r, dataset=ds, detector="mean", label="ai", defense="none")
-    m3 = cs[(cs["method"] == "m3") & setting_field(cs, "guide").notna()]
+    guided = cs[setting_field(cs, "guide").notna()]          # any method whose setting names its guidance detector (M3)
     rows = []
-    for c, f in pd.concat([cs[is_m0(cs)] if len(m3) else cs.iloc[:0], m3])["fields"].items():
+    for c, f in pd.concat([cs[is_m0(cs)] if len(guided) else cs.iloc[:0], guided])["fields"].items():
         g = f.get("guide")
         t = {d: _at(tpr, d, c) for d in dets}
         held = [v for d, v in t.items() if d != g and not math.isnan(v)]
@@ -722,7 +722,7 @@ def transfer_data(r, ds: str) -> dict:
 
 # %% ../nbs/40_figures.ipynb #a4b4e4f1
 def transfer_table(r) -> str:
-    "Markdown: one section per dataset with M3 guide settings; '' when there is none."
+    "Markdown: one section per dataset with `guide=` settings (M3); '' when there is none."
     out = []
     for ds in sorted(set(r["dataset"])):
         td = transfer_data(r, ds)
@@ -771,7 +771,7 @@ def plot_sanitize(r, ds: str, path):
     "TPR@1%FPR per detector vs the homoglyph rate, before (solid, filled) and after (dashed, open) `sanitize()`."
     from matplotlib.lines import Line2D
     plt = _plt()
-    rows = [x for x in sanitize_rows(r, ds) if x["method"] in ("m5", "m0")]     # in condition order
+    rows = [x for x in sanitize_rows(r, ds) if "homoglyph_p" in x["fields"] or x["method"] == "m0"]   # the rate sweep, in condition order
     dets = list(dict.fromkeys(x["detector"] for x in rows))
     cols = detector_colors(dets)
     p = lambda x: 100 * x["fields"].get("homoglyph_p", 0.0)       # M0: rate 0

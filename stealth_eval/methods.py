@@ -24,7 +24,7 @@ def method_m0(item: dict, cfg: dict) -> list:
     "M0, no attack: the original AI text."
     return [{"setting": "", "candidates": [{"text": item["text"], "facts": {}}]}]
 
-METHODS.register(FunctionMethod(name="m0", fn=method_m0, batched=False, color="black", reference="no attack"))
+METHODS.register(FunctionMethod(name="m0", fn=method_m0, batched=False, color="black", label="no attack", reference="no attack"))
 
 # %% ../nbs/10_methods.ipynb #a5e3a4cf
 @lru_cache(maxsize=1)
@@ -81,7 +81,7 @@ def method_m5(item: dict, cfg: dict) -> list:
         out.append({"setting": f"homoglyph_p={p:g}", "candidates": [{"text": t, "facts": facts}]})
     return out
 
-METHODS.register(FunctionMethod(name="m5", fn=method_m5, batched=False, color="C4",
+METHODS.register(FunctionMethod(name="m5", fn=method_m5, batched=False, color="C4", label="homoglyphs",
                                 reference="homoglyph substitution (Unicode confusables)"))
 
 # %% ../nbs/10_methods.ipynb #74694266

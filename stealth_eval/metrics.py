@@ -12,17 +12,14 @@ import numpy as np
 import pandas as pd
 
 from .components import DETECTORS, dataset_analyses
-from .core import Cache, get_logger, md_tex, progress, read_jsonl, sha256_text, stable_hash, write_json
-from .engine import run_cache
-from .models import similarities
+from .core import md_tex, stable_hash, write_json
 
 # %% auto #0
-__all__ = ['SHIELD_K', 'SHIELD_LAMBDA', 'QUALITY_COLS', 'QUANTILES', 'TABLE_COLS', 'HIGHER_IS_BETTER', 'RESULT_FILES',
-           'threshold_at_fpr', 'auroc_rows', 'tpr_rows', 'bootstrap_indices', 'detector_metrics', 'calibration_sets',
-           'condition_scores', 'compute_metrics', 'roc_counts_rows', 'wauroc_rows', 'youden_rows', 'sfd', 'urss',
-           'compute_shield', 'tau_rows', 'fit_youden_threshold', 'tau_cv', 'compute_tau', 'polish_level', 'compute_apt',
-           'beemo_version', 'compute_beemo', 'word_edit_rate', 'chrf', 'quality_sources', 'compute_quality',
-           'quality_summary', 'metrics_long', 'metrics_json_from_table', 'sample_counts', 'results_info',
+__all__ = ['SHIELD_K', 'SHIELD_LAMBDA', 'TABLE_COLS', 'HIGHER_IS_BETTER', 'RESULT_FILES', 'threshold_at_fpr', 'auroc_rows',
+           'tpr_rows', 'bootstrap_indices', 'detector_metrics', 'calibration_sets', 'condition_scores',
+           'compute_metrics', 'roc_counts_rows', 'wauroc_rows', 'youden_rows', 'sfd', 'urss', 'compute_shield',
+           'tau_rows', 'fit_youden_threshold', 'tau_cv', 'compute_tau', 'polish_level', 'compute_apt', 'beemo_version',
+           'compute_beemo', 'metrics_long', 'metrics_json_from_table', 'sample_counts', 'results_info',
            'output_polishers', 'run_metrics_stage', 'metrics_table', 'extra_tables']
 
 # %% ../nbs/30_calibration_metrics.ipynb #57c2c967
@@ -405,9 +402,8 @@ def polish_level(method: str, setting: str):
     import re
     m = re.fullmatch(r"polish:(degree|percent)=([^,+]+)", setting or "")
     if method == "m0" and m: return m.group(1), m.group(2), "apt_eval"
-    if method == "polish":
-        kv = dict(p.split("=", 1) for p in (setting or "").split(",") if "=" in p)
-        if kv.get("polish") in ("degree", "percent"): return kv["polish"], kv.get("level", ""), "polish_method"
+    kv = dict(p.split("=", 1) for p in (setting or "").split(",") if "=" in p)   # a method that polishes says so in its setting
+    if kv.get("polish") in ("degree", "percent"): return kv["polish"], kv.get("level", ""), "polish_method"
     return None
 
 # %% ../nbs/30_calibration_metrics.ipynb #67cce7b8
@@ -515,78 +511,6 @@ def compute_beemo(scores, cfg: dict) -> dict:
     meta = {"tasks": "benchmarks_hub.BEEMO_TASKS: (negatives, positives); threshold calibrated on the negatives",
             "ci_level": level, "n_bootstrap": B, "seed": seed}
     return {"meta": meta, "datasets": res}
-
-# %% ../nbs/30_calibration_metrics.ipynb #6c5df174
-def word_edit_rate(src: str, out: str) -> float:
-    "Word-level Levenshtein distance / number of source words."
-    from rapidfuzz.distance import Levenshtein
-    a, b = str(src).split(), str(out).split()
-    return Levenshtein.distance(a, b) / max(len(a), 1)
-
-# %% ../nbs/30_calibration_metrics.ipynb #7518825a
-def chrf(src: str, out: str) -> float:
-    "chrF (sacrebleu defaults: char 6-grams, beta 2; 0-100) of `out` against the reference `src`."
-    from sacrebleu.metrics import CHRF
-    return float(CHRF().sentence_score(str(out), [str(src)]).score)
-
-# %% ../nbs/30_calibration_metrics.ipynb #43088ec2
-def quality_sources(outs):
-    "The source text of every candidate-0 output row: same label, unedited, same sample id, else same source id."
-    base = outs[(outs["method"] == "m0") & (outs["defense"] == "none") & (outs["setting"].fillna("") == "") & (outs["candidate_rank"] == 0)]
-    by_id = {(d, l, i): t for d, l, i, t in zip(base["dataset"], base["label"], base["sample_id"], base["text_out"])}
-    by_src = {}
-    for d, l, s, t in zip(base["dataset"], base["label"], base.get("source_id", base["sample_id"]), base["text_out"]): by_src.setdefault((d, l, s), t)
-    src_col = outs["source_id"] if "source_id" in outs.columns else outs["sample_id"]
-    return [by_id.get((d, l, i), by_src.get((d, l, s))) for d, l, i, s in zip(outs["dataset"], outs["label"], outs["sample_id"], src_col)]
-
-# %% ../nbs/30_calibration_metrics.ipynb #abdc255c
-def compute_quality(cfg: dict, cache: Cache):
-    "quality.parquet rows for every AI output (candidate 0) and every edited human text."
-    import pandas as pd
-    from stealth_eval.detectors import score_texts
-    outs = pd.DataFrame(read_jsonl(Path(cfg["out_dir"]) / "raw_outputs.jsonl"))
-    outs = outs[outs["candidate_rank"] == 0]
-    edited_human = (outs["label"] == "human") & ~((outs["method"] == "m0") & (outs["setting"].fillna("") == ""))
-    q = outs[(outs["label"] == "ai") | edited_human].copy()
-    keep = ((outs["label"] == "ai") | edited_human).to_numpy()
-    q["source_text"] = [s for s, k in zip(quality_sources(outs), keep) if k]
-    ok = q["valid"].to_numpy() & q["source_text"].map(lambda t: isinstance(t, str)).to_numpy()   # imported outputs may lack a source
-    sims = similarities(list(zip(q.loc[ok, "source_text"], q.loc[ok, "text_out"])), cfg["embedder"], cfg, cache)
-    q["sim"] = np.nan
-    q.loc[ok, "sim"] = sims
-    q["sim_model"] = cfg["embedder"]
-    q["sim_e5"] = q["sim"] if "e5" in str(cfg["embedder"]).lower() else np.nan   # the E5 cosine, when the embedder is an E5 model
-    scored = q["valid"].to_numpy()
-    stats = score_texts(q.loc[scored, "text_out"].tolist(), cfg["quality_lm"], cfg, cache) if scored.any() else {}
-    q["ppl_score"] = [math.exp(-stats[sha256_text(t)]["ll"]) if v and stats.get(sha256_text(t)) else np.nan
-                      for t, v in zip(q["text_out"], q["valid"])]
-    q["ppl_model"] = cfg["quality_lm"]
-    q["edit_rate"] = [word_edit_rate(s, o) if isinstance(s, str) and isinstance(o, str) else np.nan
-                      for s, o in zip(q["source_text"], q["text_out"])]
-    q["chrf"] = [chrf(s, o) if isinstance(s, str) and isinstance(o, str) else np.nan for s, o in zip(q["source_text"], q["text_out"])]
-    cols = ["sample_id", "dataset", "label", "method", "setting", "defense", "condition", "sim", "sim_model", "sim_e5", "ppl_score",
-            "ppl_model", "edit_rate", "chrf", "valid", "fail_reason"]
-    return q[cols].sort_values(["dataset", "label", "condition", "sample_id"], kind="stable").reset_index(drop=True)
-
-QUALITY_COLS = ("sim", "ppl_score", "edit_rate", "chrf")
-QUANTILES = {"min": 0, "p05": 5, "p25": 25, "p50": 50, "p75": 75, "p95": 95, "max": 100}
-
-# %% ../nbs/30_calibration_metrics.ipynb #6c5bc1c6
-def quality_summary(q) -> dict:
-    "Validity rate and reasons, and mean, median, count and quantiles of each quality measure, per dataset and condition."
-    out = {}
-    for (ds, c), g in q.groupby(["dataset", "condition"], sort=True):
-        d = {"label": str(g["label"].iloc[0]) if "label" in g else "ai", "n": int(len(g)), "valid_rate": float(g["valid"].mean()),
-             "fail_reasons": g.loc[~g["valid"], "fail_reason"].value_counts().to_dict()}
-        for col in QUALITY_COLS:
-            if col not in g: continue
-            x = g.loc[g["valid"], col].dropna().to_numpy(np.float64)
-            d[f"{col}_n"] = int(len(x))
-            d[f"{col}_mean"] = float(x.mean()) if len(x) else float("nan")
-            d[f"{col}_median"] = float(np.median(x)) if len(x) else float("nan")
-            d[f"{col}_quantiles"] = {k: float(np.percentile(x, p)) for k, p in QUANTILES.items()} if len(x) else {}
-        out.setdefault(ds, {})[c] = d
-    return out
 
 # %% ../nbs/30_calibration_metrics.ipynb #ac0f81e7
 import json as _json
@@ -794,14 +718,10 @@ def output_polishers(scores) -> dict:
     return out
 
 # %% ../nbs/30_calibration_metrics.ipynb #177dbfd2
-def run_metrics_stage(cfg: dict, cache: Cache | None = None) -> dict:
-    "Write quality.parquet, quality_summary.json, thresholds.json, metrics.parquet, metrics.json (from it), the SHIELD, tau, APT-Eval and Beemo files and results.json."
+def run_metrics_stage(cfg: dict) -> dict:
+    "Write thresholds.json, metrics.parquet, metrics.json (from it), the SHIELD, tau, APT-Eval and Beemo files and results.json."
     import pandas as pd
-    cache = cache or run_cache(cfg)
     out = Path(cfg["out_dir"])
-    q = compute_quality(cfg, cache)
-    q.to_parquet(out / "quality.parquet", index=False)
-    write_json(out / "quality_summary.json", quality_summary(q))
     scores = pd.read_parquet(out / "scores.parquet")
     metrics, thresholds = compute_metrics(scores, cfg)
     write_json(out / "thresholds.json", thresholds)
@@ -817,7 +737,6 @@ def run_metrics_stage(cfg: dict, cache: Cache | None = None) -> dict:
         if r["datasets"]: write_json(out / name, r)
         elif (out / name).exists(): (out / name).unlink()      # a rerun without such data leaves no stale file
     write_json(out / "results.json", results_info(cfg, table, scores))
-    write_json(out / "cache_stats" / "30_calibration_metrics.json", cache.stats())
     return metrics
 
 # %% ../nbs/30_calibration_metrics.ipynb #027ede02

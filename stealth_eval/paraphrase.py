@@ -348,7 +348,7 @@ def sample_and_select(items: list, cfg: dict, cache, target, pool: str, **gen) -
 def method_m1(items: list, cfg: dict, cache) -> list:
     "M1 simple paraphrase: the instruct LM with StealthRL's prompt, best-of-N by similarity."
     return sample_and_select(items, cfg, cache, paraphraser_of(cfg), pool="m1")
-METHODS.register(FunctionMethod(name="m1", fn=method_m1, color="C0", model_keys=("paraphraser",),
+METHODS.register(FunctionMethod(name="m1", fn=method_m1, color="C0", label="paraphrase", model_keys=("paraphraser",),
                                  reference="plain paraphrase (the instruct LM with StealthRL's prompt), best-of-N by similarity"))
 
 # %% ../nbs/11_paraphrase.ipynb #cc4c3c78
@@ -358,7 +358,7 @@ def method_m2(items: list, cfg: dict, cache) -> list:
     if not adapter: raise ComponentUnavailable("no StealthRL adapter given: --set stealthrl_adapter=PATH")
     spec = adapter_spec(paraphraser_of(cfg), str(adapter), cfg.get("device", "auto"))
     return sample_and_select(items, cfg, cache, spec, pool="m2")
-METHODS.register(FunctionMethod(name="m2", fn=method_m2, color="C1", model_keys=("paraphraser",),
+METHODS.register(FunctionMethod(name="m2", fn=method_m2, color="C1", label="StealthRL", model_keys=("paraphraser",),
                                  reference="StealthRL: the paraphraser with its LoRA adapter"))
 
 AUTHORMIST_MODEL = "authormist/authormist-originality"
@@ -376,7 +376,7 @@ def method_m4(items: list, cfg: dict, cache) -> list:
         raise ComponentUnavailable(f"AuthorMist model {spec!r} cannot be loaded: {e}") from None
     return sample_and_select(items, cfg, cache, lm, pool="m4", prompt=AUTHORMIST_PROMPT,
                              temperature=cfg.get("authormist_temperature", 0.7), top_p=cfg.get("authormist_top_p", 0.9))
-METHODS.register(FunctionMethod(name="m4", fn=method_m4, color="C3", reference="AuthorMist (published model, its card's prompt)"))
+METHODS.register(FunctionMethod(name="m4", fn=method_m4, color="C3", label="AuthorMist", reference="AuthorMist (published model, its card's prompt)"))
 
 # %% ../nbs/11_paraphrase.ipynb #220a9d12
 def rank_scale(values: list) -> list:
@@ -478,7 +478,7 @@ def method_m3(items: list, cfg: dict, cache) -> list:
             tg = token_guided_paraphrase(items, cfg, cache, g)
             for o, t in zip(out, tg): o.append({"setting": f"decode=token_guided,guide={g}", "candidates": [t]})
     return out
-METHODS.register(FunctionMethod(name="m3", fn=method_m3, color="C2", model_keys=("paraphraser",),
+METHODS.register(FunctionMethod(name="m3", fn=method_m3, color="C2", label="Adversarial Paraphrasing", model_keys=("paraphraser",),
                                  reference="Adversarial Paraphrasing: detector-guided selection (and decoding)"))
 
 # %% ../nbs/11_paraphrase.ipynb #b8ecfe48

@@ -14,7 +14,7 @@ PKG = ROOT / "stealth_eval"
 # the pipeline's stages in order, with the modules each owns; a module may import its own stage's and earlier ones
 STAGES = [("data", {"data", "benchmarks", "benchmarks_hub"}),
           ("methods", {"methods", "paraphrase", "humanify"}),
-          ("detectors", {"detectors", "perturbation", "supervised"}),
+          ("detectors", {"detectors", "perturbation", "supervised", "quality"}),
           ("metrics", {"metrics", "acceptance"}),
           ("figures", {"figures"}),
           ("report", {"report"}),
