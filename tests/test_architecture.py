@@ -180,3 +180,54 @@ def test_registry_order_does_not_depend_on_what_was_imported_first():
     outs = {subprocess.run([sys.executable, "-c", code, *first], capture_output=True, text=True, cwd=ROOT, timeout=300).stdout
             for first in ([], ["stealth_eval.humanify", "stealth_eval.paraphrase", "stealth_eval.supervised"])}
     assert len(outs) == 1 and "'m0', 'm5', 'm1'" in outs.pop()
+
+
+PLUGIN_DATA_METHOD = '''
+"A dataset and a method written outside the package: one definition and one registration each."
+from stealth_eval.components import DATASETS, METHODS, Built, FunctionDataset, FunctionMethod
+
+HUMAN = ["the harbour master said the ferry would run again on monday once the storm had passed the coast",
+         "our street held a bake sale and the money went to fixing the roof of the old village hall",
+         "she kept a notebook of every bird she saw on the walk to school and drew most of them badly",
+         "the match was called off at half time because the pitch had turned into a pond after the rain",
+         "my grandfather fixed clocks in a shop that smelled of oil and pipe smoke until he was eighty",
+         "the library now opens late on thursdays so that people who work all day can borrow books too"]
+AI = ["artificial intelligence is transforming industries by enabling more efficient and accurate decision making processes",
+      "in conclusion the benefits of renewable energy sources are numerous and include environmental and economic advantages",
+      "effective communication is essential in the workplace as it fosters collaboration and enhances overall productivity",
+      "the importance of regular exercise cannot be overstated as it contributes significantly to physical and mental health",
+      "climate change presents significant challenges that require coordinated global efforts and innovative solutions today",
+      "education plays a crucial role in shaping the future by equipping individuals with essential knowledge and skills"]
+
+def build(cfg, cache):
+    rows = [{"id": f"{lab}{i}", "text": t, "label": lab, "domain": "toy", "generator": "human" if lab == "human" else "toy-writer"}
+            for lab, texts in (("human", HUMAN), ("ai", AI)) for i, t in enumerate(texts)]
+    return Built(records=rows, drops=[])
+
+DATASETS.register(FunctionDataset(name="plugin_texts", fn=build, description="six human and six AI sentences"))
+
+def shout(items, cfg, cache):
+    return [[{"setting": "", "candidates": [{"text": it["text"].upper(), "facts": {"changed": "case"}}]}] for it in items]
+
+METHODS.register(FunctionMethod(name="shout", fn=shout, label="upper case", color="C9", reference="a test plugin"))
+'''
+
+
+def test_a_plugin_dataset_and_method_run_end_to_end_through_the_cli(tmp_path):
+    "With the detector above: a new dataset, method and detector each touch one file (the plugin), nothing else."
+    plugin, det = tmp_path / "data_method_plugin.py", tmp_path / "ttr_plugin.py"
+    plugin.write_text(PLUGIN_DATA_METHOD, encoding="utf-8"); det.write_text(PLUGIN, encoding="utf-8")
+    out = tmp_path / "run"
+    listed = run_cli("--plugin", plugin, "--list").stdout
+    assert "plugin_texts" in listed and "shout" in listed
+    run_cli("--profile", "tiny", "--plugin", plugin, det, "--datasets", "plugin_texts", "--methods", "shout",
+            "--detectors", "type_token_ratio", "--set", "n_bootstrap=50", "--out_dir", out, "--offline")
+    raw = pd.read_json(out / "raw_outputs.jsonl", lines=True)
+    sh = raw[raw["method"] == "shout"]
+    assert len(sh) == 6 and sh["text_out"].str.isupper().all() and set(raw["dataset"]) == {"plugin_texts"}
+    card = json.loads((out / "data" / "plugin_texts.card.json").read_text())
+    assert card["by_label"] == {"human": 6, "ai": 6}
+    m = json.loads((out / "metrics.json").read_text())["plugin_texts"]["type_token_ratio"]
+    assert m["shout"]["auc"] == pytest.approx(m["m0"]["auc"])      # the type-token ratio ignores case
+    q = pd.read_parquet(out / "quality.parquet")
+    assert (q.loc[q["method"] == "shout", "edit_rate"] == 1.0).all()   # every word changed (its case)
