@@ -198,17 +198,21 @@ def check_artifacts(artifacts: list) -> list:
 def _fmt(x, nd=3) -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
 
+# %% ../nbs/35_acceptance.ipynb #270f8e06
 def _ci(d: dict | None) -> str:
     return "–" if not d else f"{_fmt(d['value'])} [{_fmt(d['ci_low'])}, {_fmt(d['ci_high'])}]"
 
+# %% ../nbs/35_acceptance.ipynb #31abb928
 def _num(x) -> float:
     try: return float(x)
     except (TypeError, ValueError): return math.nan   # None, pd.NA
 
+# %% ../nbs/35_acceptance.ipynb #abd24ace
 def _row_ci(r) -> dict:
     "{value, ci_low, ci_high} of a `metrics.parquet` row."
     return {k: _num(r[c]) for k, c in (("value", "value"), ("ci_low", "ci_low"), ("ci_high", "ci_high"))}
 
+# %% ../nbs/35_acceptance.ipynb #1032a8cc
 def check_m0_high(table, cfg: dict) -> list:
     "Criterion 2a per dataset: M0's mean TPR over the detectors at the criteria's FPR is at least `acceptance.m0_tpr_min`."
     acc, out = cfg["acceptance"], []

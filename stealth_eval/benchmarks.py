@@ -41,9 +41,11 @@ BENCHMARK_SOURCES = {
 
 def _alts(f) -> tuple: return (f,) if isinstance(f, str) else tuple(f)
 
+# %% ../nbs/04_benchmarks.ipynb #09d7eb80
 def _missing(root: Path, files) -> list:
     return [" or ".join(_alts(f)) for f in files if not any((root / a).is_file() for a in _alts(f))]
 
+# %% ../nbs/04_benchmarks.ipynb #9b175f1d
 def _placement(name: str, files) -> str:
     src = BENCHMARK_SOURCES[name]
     note = f" ({src['note']})" if src.get("note") else ""
@@ -53,6 +55,7 @@ def _placement(name: str, files) -> str:
             + (f" ({src['layout']})" if src.get("layout") else "") + ". Then pass path='<that folder>' "
             f"or set {DATA_ENV} to the folder that holds '{name}/'.")
 
+# %% ../nbs/04_benchmarks.ipynb #06bcb9d1
 def resolve_data_path(name: str,  # benchmark: padben, apt_eval, detectrl or mgtbench
                       path=None,  # the benchmark's folder or a folder holding `<name>/`; None: `$STEALTH_EVAL_DATA/<name>`
                       files=()) -> Path:  # relative paths that must exist (a tuple of alternatives counts once)

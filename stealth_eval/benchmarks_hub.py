@@ -30,14 +30,17 @@ __all__ = ['MAGE_REPO', 'MAGE_REVISION', 'MAGE_COLUMNS', 'MAGE_LABELS', 'MAGE_HF
 # %% ../nbs/05_benchmarks_hub.ipynb #e619b978
 def _drop(id, filter: str, reason: str, **kw) -> dict: return {"id": str(id), "filter": filter, "reason": reason, **kw}
 
+# %% ../nbs/05_benchmarks_hub.ipynb #d5af3abf
 def _need_columns(columns, required, where, fmt: str):
     missing = [c for c in required if c not in columns]
     if missing:
         raise StealthEvalError(f"{where}: missing column(s) {_few(missing)}; {fmt} has {', '.join(required)}; "
                                f"found: {', '.join(map(str, columns)) or 'none'}")
 
+# %% ../nbs/05_benchmarks_hub.ipynb #aefa2de4
 def _first_line(e) -> str: return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
+# %% ../nbs/05_benchmarks_hub.ipynb #f7b976ec
 def _no_copy(name: str, files, why: str, repo_id=None, origin: str = "") -> StealthEvalError:
     "The error for a benchmark that cannot be had: why, and which files to put where."
     env = os.environ.get("STEALTH_EVAL_DATA", "")
@@ -46,9 +49,11 @@ def _no_copy(name: str, files, why: str, repo_id=None, origin: str = "") -> Stea
     return StealthEvalError(f"{name}: no local copy, and {why}. Put {', '.join(files)} from {origin} into {where}, "
                             f"or pass path=...")
 
+# %% ../nbs/05_benchmarks_hub.ipynb #15ea6250
 def _hub_failed(name: str, files, repo_id: str, e: Exception) -> StealthEvalError:
     return _no_copy(name, files, f"downloading it from the hub failed ({type(e).__name__}: {_first_line(e)})", repo_id)
 
+# %% ../nbs/05_benchmarks_hub.ipynb #4ff5d707
 def resolve_benchmark(name: str,  # the benchmark's folder name under `$STEALTH_EVAL_DATA`
                       path=None,  # an explicit file or folder; wins over everything else
                       files: tuple = (),  # the upstream files the loader reads (hub file names; named in errors)

@@ -59,13 +59,16 @@ def _read_table(path: Path):
             raise StealthEvalError(f"{path}: not a readable Parquet file ({type(e).__name__}: {_first_line(e)})") from None
     raise StealthEvalError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .csv or .parquet)")
 
+# %% ../nbs/00_data.ipynb #e18caa05
 def _first_line(e: Exception) -> str: return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
+# %% ../nbs/00_data.ipynb #5ddd3f51
 def _row_names(df) -> list:
     "How to name each row in an error: its line in a JSONL file, else its 1-based row number."
     lines = df.attrs.get("lines")
     return [f"line {n}" for n in lines] if lines and len(lines) == len(df) else [f"row {i + 1}" for i in range(len(df))]
 
+# %% ../nbs/00_data.ipynb #d50685e7
 def _check_unicode(records: list, lines: list, source):
     "Fail on the first string that is not valid Unicode (a lone surrogate, which JSON's `\\ud800` escapes allow)."
     for rec, n in zip(records, lines):
@@ -76,6 +79,7 @@ def _check_unicode(records: list, lines: list, source):
                 raise StealthEvalError(f"{source}: line {n}: column {c!r} holds a lone surrogate ({v[e.start]!a}) at "
                                        f"character {e.start}; not valid Unicode text") from None
 
+# %% ../nbs/00_data.ipynb #d4844c04
 def _check_cells(df, source: str):
     "Fail on the first text that is not a string (a number, a list)."
     import pandas as pd
@@ -85,10 +89,12 @@ def _check_cells(df, source: str):
         raise StealthEvalError(f"{source}: {names[i]} (id {str(df['id'].iloc[i])!r}): text is {type(t).__name__} "
                                f"{_short(t)}, expected a string")
 
+# %% ../nbs/00_data.ipynb #b9a5f62e
 def _short(v) -> str:
     r = repr(v)
     return r if len(r) <= 40 else r[:37] + "..."
 
+# %% ../nbs/00_data.ipynb #a203491b
 def validate_records(df, source: str, min_words: int = 10):
     "Check the schema of a dataset table; return a copy with `valid` and `fail_reason` columns."
     import pandas as pd
@@ -186,6 +192,7 @@ def _lee_pool(cfg: dict, tok) -> tuple:
         docs.append(d)
     return docs, drops
 
+# %% ../nbs/00_data.ipynb #b08bb8d8
 def _lee_continue(cfg: dict, cache: Cache, identity: str, docs: list, name: str, watermark: dict | None = None):
     "Fill d['new'] (continuation token ids) for each document: cached, else sampled where the cache's engine computes."
     from stealth_eval.models import SAMPLER_VERSION, iter_continuations, load_causal_lm, row_seed
@@ -212,6 +219,7 @@ def _lee_continue(cfg: dict, cache: Cache, identity: str, docs: list, name: str,
     got = cache.fetch(keys, compute)
     for i, d in enumerate(docs): d["new"] = got[i]
 
+# %% ../nbs/00_data.ipynb #d1c296c9
 def _lee_records(cfg: dict, tok, human_docs: list, ai_docs: list, gen_name: str, drops: list, paired: bool,
                  id_prefix: str = "") -> list:
     "Human and AI records; an AI text outside the window is dropped (with its human pair when `paired`)."
@@ -231,6 +239,7 @@ def _lee_records(cfg: dict, tok, human_docs: list, ai_docs: list, gen_name: str,
                  "source_id": d["id"], "n_tokens": len(d["ids"])} for d in human_docs if not paired or d["id"] in ai]
     return sorted(records, key=lambda r: (r["label"], r["id"]))
 
+# %% ../nbs/00_data.ipynb #57d1636e
 def build_lee_news(cfg: dict, cache: Cache, name: str = "lee_news", watermark: bool = False) -> Built:
     "Balanced human/AI records from the Lee corpus and generator continuations, the drops, and the training split."
     import numpy as np

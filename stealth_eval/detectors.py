@@ -49,6 +49,7 @@ def _position_stats(z, y, ref=None):
     Ewz2 = wzc.mul_(zc).sum(-1).double() / W
     return ll, rk, ent, Ewz - logS, Ewz2 - Ewz * Ewz             # mu = E_q[log p]; var = Var_q[log p] (shift-invariant)
 
+# %% ../nbs/20_detectors.ipynb #725cf4fe
 def _row_arrays(logits, ids, ref_logits=None, width: int | None = None):
     """`_position_stats` of every position of a right-padded batch: a (5, R, L) float64 tensor. Position t predicts
     ids[:, t + 1] (the last position's label is a placeholder: only its entropy and mu are read). The positions are
@@ -66,6 +67,7 @@ def _row_arrays(logits, ids, ref_logits=None, width: int | None = None):
             out[k, :, s:s + w] = a.view(R, w)
     return out
 
+# %% ../nbs/20_detectors.ipynb #17999603
 def _row_masks(ids, lengths, pad_id=None):
     "Masks (R, L): positions that predict a real next token, and real input tokens that are not the pad token."
     import torch
@@ -75,6 +77,7 @@ def _row_masks(ids, lengths, pad_id=None):
     if pad_id is not None: keep = keep & (ids != pad_id)
     return (pos < n - 1).double(), keep.double()
 
+# %% ../nbs/20_detectors.ipynb #f81d300b
 def panel_batch(logits, ids, lengths, pad_id=None) -> list:
     """Panel statistics of each row of a right-padded batch (logits (R, L, V) of ids (R, L); row r has lengths[r] real
     tokens), computed on the logits' device; only per-row scalars leave it."""

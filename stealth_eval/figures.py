@@ -124,6 +124,7 @@ def detectors(r, ds: str) -> list:
     "The detectors of dataset `ds` in the table's order (the run's), without the mean; those with nothing to report too."
     return [d for d in dict.fromkeys(select(r, dataset=ds)["detector"].dropna()) if d != "mean"]
 
+# %% ../nbs/40_figures.ipynb #d3dd02ba
 _FACTS = ("method", "setting", "defense", "label", "fields", "order", "short")
 
 def conditions(r, **where):
@@ -131,10 +132,12 @@ def conditions(r, **where):
     s = select(r[r["condition"].notna()], **where).drop_duplicates("condition").sort_values("order", kind="stable")
     return s.set_index("condition")[[c for c in s.columns if c in _FACTS or c.startswith("setting.")]]
 
+# %% ../nbs/40_figures.ipynb #0aaf015c
 def setting_field(df, key: str):
     "The typed column of setting key `key` (`setting.<key>`); all missing where no setting has the key."
     return df[f"setting.{key}"] if f"setting.{key}" in df else pd.Series(pd.NA, index=df.index, dtype=object)
 
+# %% ../nbs/40_figures.ipynb #d3948b50
 def is_m0(cs):
     "Which conditions are M0 itself (a benchmark's edited texts are M0 with a setting: an attack, not the original)."
     return (cs["method"] == "m0") & (cs["setting"].fillna("") == "") & (cs["defense"] == "none")
@@ -144,22 +147,26 @@ def metric_series(r, ds: str, det: str, metric: str, col: str = "value"):
     "{condition: `col`} of one detector's (or the mean's) `metric` on dataset `ds`, as a Series."
     return select(r[r["condition"].notna()], dataset=ds, detector=det, metric=metric).set_index("condition")[col]
 
+# %% ../nbs/40_figures.ipynb #e7436918
 def metric_grid(r, ds: str, metric: str, col: str = "value", dets: list | None = None, conds: list | None = None):
     "Detector x condition frame of `metric`'s `col` (value, ci_low, ci_high, n_ai, ...) on `ds`; NaN where a pair has none."
     g = select(r[r["condition"].notna()], dataset=ds, metric=metric).pivot(index="detector", columns="condition", values=col)
     return g.reindex(index=g.index if dets is None else dets, columns=g.columns if conds is None else conds)
 
+# %% ../nbs/40_figures.ipynb #f72c8fa3
 def entries(r, ds: str) -> set:
     "The (detector, condition) pairs of dataset `ds` that have numbers (any metric)."
     s = select(r[r["condition"].notna()], dataset=ds)
     return set(zip(s["detector"], s["condition"]))
 
+# %% ../nbs/40_figures.ipynb #75e62d27
 def _at(s, *key) -> float:
     "A number of a Series or frame as a float; NaN where it is missing."
     try: v = s.loc[key if len(key) > 1 else key[0]]
     except KeyError: return float("nan")
     return float("nan") if pd.isna(v) else float(v)
 
+# %% ../nbs/40_figures.ipynb #0725178f
 def calibration(r, ds: str, det: str, defense: str = "none") -> dict:
     "One detector's threshold on `ds` under `defense` (the rows without a condition): {threshold (None: none), n_human, fpr_achieved, note}."
     c = select(r[r["condition"].isna()], dataset=ds, detector=det, defense=defense).set_index("metric")
@@ -207,6 +214,7 @@ def _plt():
     import matplotlib.pyplot as plt
     return plt
 
+# %% ../nbs/40_figures.ipynb #94ddeb55
 _MARK = {"rehearsal": False}   # set by run_figures_stage: a rehearsal run (random weights) watermarks every figure
 
 def _banner_room(fig):
@@ -219,6 +227,7 @@ def _banner_room(fig):
         top += (t.get_text().count("\n") + 1) * t.get_fontsize() * 1.25 / 72 + 0.04
     fig.get_layout_engine().set(rect=(0, 0, 1, 1 - top / h))
 
+# %% ../nbs/40_figures.ipynb #80cc1884
 def _save(fig, path):
     if _MARK["rehearsal"]:                     # the marks are sized for a 7-in figure: scaled to this one, >= MIN_PT
         from stealth_eval.rehearsal import watermark
@@ -230,11 +239,13 @@ def _save(fig, path):
     _plt().close(fig)
     return path
 
+# %% ../nbs/40_figures.ipynb #927b8616
 def _wrap(text: str, width_in: float, pt: float = 8) -> str:
     "`text` broken into lines that fit `width_in` inches at `pt` points (each line wrapped on its own)."
     n = max(12, int(width_in * 72 / (0.58 * pt)))
     return "\n".join(textwrap.fill(line, n, break_on_hyphens=False) for line in text.split("\n"))
 
+# %% ../nbs/40_figures.ipynb #8223fd8e
 def _fig_legend(fig, ncol: int, last: tuple = ()):
     "One legend for the whole figure, below the panels: every labelled artist once, in drawing order (`last` at the end)."
     seen = {}
@@ -261,6 +272,7 @@ def palette(n: int = 10) -> list:
     import seaborn as sns
     return sns.color_palette(PALETTE, n).as_hex()
 
+# %% ../nbs/40_figures.ipynb #d32b3817
 def figure_theme(**rc):
     "Context manager: the look of every figure (seaborn whitegrid + paper, the palette as colour cycle, fonts >= MIN_PT); `rc` overrides."
     import matplotlib as mpl
@@ -268,6 +280,7 @@ def figure_theme(**rc):
     return mpl.rc_context({**sns.axes_style("whitegrid"), **sns.plotting_context("paper"), **_THEME_RC,
                            "axes.prop_cycle": mpl.cycler(color=palette()), **rc})
 
+# %% ../nbs/40_figures.ipynb #b97367f1
 def themed(plot):
     "Decorator: run a plotting function inside `figure_theme()`."
     @functools.wraps(plot)
@@ -275,6 +288,7 @@ def themed(plot):
         with figure_theme(): return plot(*args, **kwargs)
     return _themed
 
+# %% ../nbs/40_figures.ipynb #7a044fc0
 def detector_colors(dets: list) -> dict:
     "{detector: colour}: the palette in the detectors' order (the config's), the `mean` pseudo-detector black."
     others = [d for d in dets if d != "mean"]
@@ -296,6 +310,7 @@ def _text_in(s: str, pt: float = MIN_PT) -> float:
     "About the printed width of a one-line string in inches (DejaVu Sans: ~0.6 em per character)."
     return 0.6 * pt * len(s) / 72
 
+# %% ../nbs/40_figures.ipynb #4d0579ab
 def heatmap_layout(rows: list, cols: list) -> tuple:
     "(transpose, width, height) in inches for a `rows` x `cols` heatmap (their labels): see above."
     need = lambda r, c: _text_in(max(r, key=len)) + 0.2 + len(c) * HEAT_CELL_IN[0] + 0.65   # labels, cells, colour bar
@@ -305,10 +320,12 @@ def heatmap_layout(rows: list, cols: list) -> tuple:
     height = 0.75 + 0.75 * _text_in(max(cols, key=len)) + len(rows) * (0.26 if len(rows) <= 12 else HEAT_CELL_IN[1])
     return transpose, round(width, 2), round(height, 2)
 
+# %% ../nbs/40_figures.ipynb #c6f98ac9
 def _luminance(c) -> float:
     from matplotlib.colors import to_rgb
     return sum(w * (x / 12.92 if x <= 0.04045 else ((x + 0.055) / 1.055) ** 2.4) for w, x in zip((0.2126, 0.7152, 0.0722), to_rgb(c)))
 
+# %% ../nbs/40_figures.ipynb #024604ed
 def text_color(bg, dark: str = "#262626") -> str:
     "`dark` or white, whichever has the higher contrast ratio (WCAG) against the background colour `bg`."
     L = _luminance(bg)

@@ -401,6 +401,7 @@ def _masks_random(text: str, p: float, seed: int) -> list:
     order = random.Random(seed).sample(range(len(S)), len(S))
     return sorted(S[i] for i in order[: int(math.floor(p * len(S) + 1e-9))])
 
+# %% ../nbs/12_humanify.ipynb #1415898a
 def _masks_ai(text: str, p: float, ranker: MIRanker, seed: int) -> list:
     "The ⌊p·|𝒮|⌋ content words first in AI association (Eq. 3), ties in a seeded random order."
     S = content_spans(text)
@@ -409,14 +410,17 @@ def _masks_ai(text: str, p: float, ranker: MIRanker, seed: int) -> list:
     order = sorted(range(len(S)), key=lambda i: (-ranker.ai_order_key(S[i][2]), tie[i]))
     return sorted(S[i] for i in order[: int(math.floor(p * len(S) + 1e-9))])
 
+# %% ../nbs/12_humanify.ipynb #2b9b7913
 def _choose_first(cands: list, ranker=None):
     return cands[0] if cands else None
 
+# %% ../nbs/12_humanify.ipynb #e4c46516
 def _choose_human(cands: list, ranker: MIRanker):
     "Eq. 4: the candidate with the largest MI_ℍ; ties (e.g. no ℍ word at all) go to the best-ranked one."
     if not cands: return None
     return max(enumerate(cands), key=lambda ic: (ranker.mi_human(ic[1]), -ic[0]))[1]
 
+# %% ../nbs/12_humanify.ipynb #115280af
 def _one_pass(texts: list, masks: list, choose, ranker, infill, k: int, cache) -> tuple:
     "Mask, propose and replace for a batch of texts; returns (new texts, per-text (n masked, n swapped to ℍ words))."
     vocab, vid = (set(ranker.df), f"{MI_VERSION}:{ranker.train_sha256}") if ranker is not None else (None, None)

@@ -75,19 +75,24 @@ def _ci(draws, level):
     lo, hi = np.percentile(d, [50 * (1 - level), 100 - 50 * (1 - level)])
     return float(d.mean()), float(lo), float(hi)
 
+# %% ../nbs/30_calibration_metrics.ipynb #bab29e7e
 def _summarise(name: str, point, draws, level) -> dict:
     m, lo, hi = _ci(draws, level)
     return {name: float(point), f"{name}_mean": m, f"{name}_ci_low": lo, f"{name}_ci_high": hi}
 
+# %% ../nbs/30_calibration_metrics.ipynb #a31a380a
 def _fpr_key(alpha: float) -> str: return "1" if abs(alpha - 0.01) < 1e-12 else f"@{alpha:g}"
 
+# %% ../nbs/30_calibration_metrics.ipynb #b5f54e83
 def _pivot(df, index: str, columns: str):
     return df.pivot_table(index=index, columns=columns, values="detector_score_ai", dropna=False, aggfunc="first")
 
+# %% ../nbs/30_calibration_metrics.ipynb #e5909b31
 def _resample(n: int, B: int, *key) -> np.ndarray:
     "(B, n) bootstrap indices from a generator seeded by `key`."
     return np.random.default_rng(int(stable_hash(list(key))[:8], 16)).integers(0, max(n, 1), size=(B, n))
 
+# %% ../nbs/30_calibration_metrics.ipynb #aa54ce43
 def calibration_sets(scores, cfg: dict):
     "Per (dataset, defense): the human calibration set, the AI conditions grouped by source ids, and their resamples."
     B, seed = cfg["n_bootstrap"], cfg["seed"]
@@ -206,6 +211,7 @@ def roc_counts_rows(H, A):
     CH = np.concatenate([z, np.take_along_axis(ch, g, 1)], 1); CA = np.concatenate([z, np.take_along_axis(ca, g, 1)], 1)
     return CH, CA, H.shape[1], valid.sum(1)
 
+# %% ../nbs/30_calibration_metrics.ipynb #d9d469a0
 def wauroc_rows(H, A, k: float = SHIELD_K):
     "SHIELD W-AUROC per row, integrated exactly over the empirical ROC (ties: straight segments)."
     CH, CA, nh, nv = roc_counts_rows(H, A)
@@ -220,6 +226,7 @@ def wauroc_rows(H, A, k: float = SHIELD_K):
     out = (flat + slope).sum(1)
     return np.where(nv > 0, out, np.nan)
 
+# %% ../nbs/30_calibration_metrics.ipynb #8c4ab624
 def youden_rows(H, A) -> tuple:
     "(FPR, TPR, J) at the Youden-optimal threshold per row; ties in J -> the smallest FPR."
     CH, CA, nh, nv = roc_counts_rows(H, A)
@@ -230,10 +237,12 @@ def youden_rows(H, A) -> tuple:
     f = np.where(nv > 0, f, np.nan)
     return f, r, r - f
 
+# %% ../nbs/30_calibration_metrics.ipynb #713badf4
 def sfd(fprs, lam: float = SHIELD_LAMBDA):
     "exp(-lambda * sigma) with sigma the population std (ddof=0) of the Youden FPRs over scenarios (axis 0)."
     return np.exp(-lam * np.std(np.asarray(fprs, np.float64), axis=0, ddof=0))
 
+# %% ../nbs/30_calibration_metrics.ipynb #f3b204d2
 def urss(waurocs, fprs, lam: float = SHIELD_LAMBDA):
     "URSS = mean W-AUROC over scenarios x SFD over the same scenarios (axis 0 = scenarios)."
     return np.mean(np.asarray(waurocs, np.float64), axis=0) * sfd(fprs, lam)
@@ -249,14 +258,17 @@ def _family(scen: list, level: float, lam: float) -> dict:
             **_summarise("sfd", sfd(F, lam), sfd(Fb, lam), level), **_summarise("wauroc_mean", W.mean(), Wb.mean(0), level),
             **_summarise("urss", urss(W, F, lam), urss(Wb, Fb, lam), level), "note": ""}
 
+# %% ../nbs/30_calibration_metrics.ipynb #75ca3766
 def _one(h, a, ih, ia, k):
     "Point and bootstrap draws of W-AUROC and of the Youden FPR/TPR/J for one (human, AI) pair."
     f, r, j = youden_rows(h, a); fb, rb, jb = youden_rows(h[ih], a[ia])
     return {"w": (wauroc_rows(h, a, k)[0], wauroc_rows(h[ih], a[ia], k)), "f": (f[0], fb), "r": (r[0], rb), "j": (j[0], jb)}
 
+# %% ../nbs/30_calibration_metrics.ipynb #b2cc0db1
 def _sample_attr(rows, col: str) -> dict:
     return dict(zip(rows["sample_id"], rows[col]))
 
+# %% ../nbs/30_calibration_metrics.ipynb #44711e5d
 def compute_shield(scores, cfg: dict) -> dict:
     "metrics_shield.json: W-AUROC per condition, SFD and URSS per scenario family, per (dataset, detector)."
     level, B, seed = cfg["ci_level"], cfg["n_bootstrap"], cfg["seed"]
@@ -319,6 +331,7 @@ def tau_rows(H, A, two_sided: bool = False):
         if two_sided: out = np.maximum(out, -np.take_along_axis(J, np.argmin(Jn, 1)[:, None], 1)[:, 0])
     return np.where(nv > 0, out, np.nan)
 
+# %% ../nbs/30_calibration_metrics.ipynb #20f9020f
 def fit_youden_threshold(h, a) -> float:
     "Threshold t (flag s >= t) maximising TPR - FPR on (h, a); equal maxima -> smallest FPR; t = midpoint to the next lower score."
     h, a = np.asarray(h, np.float64), np.asarray(a, np.float64)
@@ -330,6 +343,7 @@ def fit_youden_threshold(h, a) -> float:
     t = (v[i - 1] + v[i]) / 2
     return float(t if v[i] < t <= v[i - 1] else v[i - 1])
 
+# %% ../nbs/30_calibration_metrics.ipynb #b950e504
 def tau_cv(h, a, gh, ga, folds: int, key) -> float:
     "Cross-validated tau: Youden threshold fitted out of fold, folds grouped by source id (`gh`, `ga`), seeded by `key`."
     h, a = np.asarray(h, np.float64), np.asarray(a, np.float64)
@@ -347,12 +361,14 @@ def tau_cv(h, a, gh, ga, folds: int, key) -> float:
         ph[~th], pa[~ta] = h[~th] >= t, a[~ta] >= t
     return float(pa.mean() - ph.mean())
 
+# %% ../nbs/30_calibration_metrics.ipynb #563050e0
 def _is_supervised(det: str, family) -> bool:
     "A detector trained on labelled data: its `supervised` field (for an unregistered name, its family says so)."
     if det in DETECTORS: return DETECTORS.get(det).supervised
     f = str(family).lower()
     return "supervised" in f or "classifier" in f
 
+# %% ../nbs/30_calibration_metrics.ipynb #b23fe54c
 def compute_tau(scores, cfg: dict, groups: dict | None = None) -> dict:
     "metrics_tau.json: tau per (dataset, detector, condition), its max over detectors, and the cross-validated tau."
     level, seed, K = cfg["ci_level"], cfg["seed"], cfg.get("tau_cv_folds", 5)
@@ -537,6 +553,7 @@ def _split_key(key: str) -> tuple:
     if not m: return key, None
     return m["pre"] + (m["post"] or ""), 0.01 if m["k"] == "1" else float(m["k"][1:])
 
+# %% ../nbs/30_calibration_metrics.ipynb #d6cc8fac
 def _join_key(metric: str, fpr) -> str:
     "The inverse of `_split_key`."
     if fpr is None or (isinstance(fpr, float) and math.isnan(fpr)): return metric
@@ -546,8 +563,10 @@ def _join_key(metric: str, fpr) -> str:
         if metric.endswith(post) and metric[:-len(post)] in _FPR_BASES: return metric[:-len(post)] + k + post
     return metric + k
 
+# %% ../nbs/30_calibration_metrics.ipynb #53520ebe
 def _is_num(v) -> bool: return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
+# %% ../nbs/30_calibration_metrics.ipynb #129b2c43
 def _entry_rows(e: dict, base: dict, family: str, skip=(), fpr=None) -> list:
     "Rows of one result entry (a dict of numbers, `x` with `x_mean, x_ci_low, x_ci_high`, counts and notes), in key order."
     ci = [k for k in e if all(f"{k}{s}" in e for s in ("_mean", "_ci_low", "_ci_high"))]
@@ -569,6 +588,7 @@ def _entry_rows(e: dict, base: dict, family: str, skip=(), fpr=None) -> list:
                      "ci_high": float(e[f"{k}_ci_high"]) if has else None, "higher_is_better": HIGHER_IS_BETTER.get(metric)})
     return rows
 
+# %% ../nbs/30_calibration_metrics.ipynb #36c26264
 def _frame(rows: list):
     import pandas as pd
     t = pd.DataFrame(rows, columns=TABLE_COLS)
@@ -580,6 +600,7 @@ def _frame(rows: list):
         t[c] = t[c].astype(object).where(t[c].notna(), None)
     return t
 
+# %% ../nbs/30_calibration_metrics.ipynb #bc82a6f1
 def metrics_long(scores, metrics: dict, thresholds: dict, shield: dict | None = None, tau: dict | None = None,
                  apt: dict | None = None, beemo: dict | None = None):
     "metrics.parquet: every number of thresholds/metrics.json and of the SHIELD, tau, APT-Eval and Beemo results as one long table."
@@ -750,15 +771,20 @@ def metrics_table(metrics: dict, defense: str | None = None):
 
 # %% ../nbs/30_calibration_metrics.ipynb #607d0f14
 def _f(v, nd=3): return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{nd}f}"
+
+# %% ../nbs/30_calibration_metrics.ipynb #90eab813
 def _ci_txt(m: dict, key: str) -> str: return f"[{_f(m.get(key + '_ci_low'))}, {_f(m.get(key + '_ci_high'))}]"
 
+# %% ../nbs/30_calibration_metrics.ipynb #a52b7666
 def _md_tex(title: str, head: list, rows: list, notes: list) -> tuple:
     "(markdown, latex) of one titled table (`core.md_tex`), its notes under the Markdown."
     md, tex = md_tex(pd.DataFrame(rows, columns=head))
     return "\n".join([f"## {title}", "", md] + ([""] + notes if notes else [])) + "\n", f"% {title}\n" + tex
 
+# %% ../nbs/30_calibration_metrics.ipynb #7c5d54bf
 def _cond_order(c: str) -> tuple: return ("+" in c, c != "m0" and not c.startswith("m0+"), c)
 
+# %% ../nbs/30_calibration_metrics.ipynb #727cbf50
 def _shield_tables(S: dict) -> list:
     out = []
     for ds, dd in S["datasets"].items():
@@ -776,6 +802,7 @@ def _shield_tables(S: dict) -> list:
         out.append(_md_tex(f"{ds}: W-AUROC per condition", ["Condition"] + dets, rows, []))
     return out
 
+# %% ../nbs/30_calibration_metrics.ipynb #435e96db
 def _tau_tables(T: dict) -> list:
     out = []
     for ds, dd in T["datasets"].items():
@@ -791,6 +818,7 @@ def _tau_tables(T: dict) -> list:
                             f"lower = less detectable. CV: {T['meta']['cv_folds']} folds grouped by source id, threshold fitted out of fold."]))
     return out
 
+# %% ../nbs/30_calibration_metrics.ipynb #6b43ccbb
 def _apt_tables(A: dict) -> list:
     out = []
     for ds, dd in A["datasets"].items():
@@ -806,10 +834,12 @@ def _apt_tables(A: dict) -> list:
                            ["Row `none`: unedited human texts (the achieved FPR). Polished texts are labelled human and never calibrated on."]))
     return out
 
+# %% ../nbs/30_calibration_metrics.ipynb #b5c4e787
 def _num_level(x) -> float:
     try: return float(x)
     except (TypeError, ValueError): return {"extreme_minor": 0, "minor": 1, "slight_major": 2, "major": 3}.get(str(x), 9)
 
+# %% ../nbs/30_calibration_metrics.ipynb #30aaa6d6
 def _beemo_tables(Bm: dict) -> list:
     out = []
     for ds, dd in Bm["datasets"].items():
@@ -820,6 +850,7 @@ def _beemo_tables(Bm: dict) -> list:
                            ["Threshold calibrated at 1% FPR on the negative class of each task."]))
     return out
 
+# %% ../nbs/30_calibration_metrics.ipynb #554dc4de
 def extra_tables(out_dir) -> list:
     "Write tables/table_{shield,tau,apt,beemo}.{md,tex} for each analysis file present in `out_dir`; return the paths."
     from stealth_eval.core import atomic_write_text, read_json

@@ -60,6 +60,7 @@ def _sha256_cached(path: Path) -> str:
     atomic_write_text(memo, h)
     return h
 
+# %% ../nbs/02_models.ipynb #bedde07e
 _MODEL_MARKER = "stealth_eval_model.json"   # written last into a converted folder: the GGUF it came from, every file's sha256
 
 def _safetensors_problem(path: Path):
@@ -76,6 +77,7 @@ def _safetensors_problem(path: Path):
     end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     return None if size == 8 + n + end else f"{path.name} has {size} bytes, its header says {8 + n + end} (truncated or damaged)"
 
+# %% ../nbs/02_models.ipynb #9270b6e0
 def _converted_problem(target: Path, upgrade: bool = False):
     "Why a converted folder cannot be used (no marker, a file missing or with another sha256), or None."
     marker = target / _MODEL_MARKER
@@ -95,6 +97,7 @@ def _converted_problem(target: Path, upgrade: bool = False):
         if _sha256_cached(p) != sha: return f"{name} differs from the sha256 its marker records (truncated or changed)"
     return None
 
+# %% ../nbs/02_models.ipynb #16a6b5bd
 def _convert_into(gguf: Path, folder: Path):
     "Dequantize a GGUF model into `folder` as safetensors plus its tokenizer."
     import torch
@@ -108,6 +111,7 @@ def _convert_into(gguf: Path, folder: Path):
     model.save_pretrained(folder, safe_serialization=True)
     tok.save_pretrained(folder)
 
+# %% ../nbs/02_models.ipynb #493faba8
 def convert_gguf(alias: str) -> tuple[Path, str]:
     "Folder of the converted (dequantized, safetensors) model for an embedded alias, and the GGUF's SHA-256."
     from stealth_eval.core import file_lock
@@ -490,6 +494,7 @@ def _eos_ids(lm) -> list:
     eos = getattr(lm.model.generation_config, "eos_token_id", None)
     return sorted({*(eos if isinstance(eos, list) else [eos] if eos is not None else []), lm.tokenizer.eos_token_id} - {None})
 
+# %% ../nbs/02_models.ipynb #74469f57
 def _decode_batch(lm, jobs, eos_ids, pad, temperature, top_p, processors=(), stop_below: int = 0) -> list:
     """Extend each job's `new` tokens by seeded sampling: one forward pass per step for the rows still running (a row
     that ends, at EOS or its maximum, leaves the batch and its KV cache). Rows resume from `prompt + new`, and row r's
@@ -548,6 +553,7 @@ def _decode_batch(lm, jobs, eos_ids, pad, temperature, top_p, processors=(), sto
         if len(j["new"]) >= j["mx"]: j["ended"] = True
     return [j for j in jobs if j.get("ended")]
 
+# %% ../nbs/02_models.ipynb #22adbe4c
 def iter_continuations(lm: LoadedLM,
                        prompts: list,            # token-id lists (no padding)
                        seeds: list,              # one seed per prompt
@@ -583,6 +589,7 @@ def iter_continuations(lm: LoadedLM,
         queue = [j for j in batch if not j.get("ended")] + queue                     # the unfinished go first
     bar.close()
 
+# %% ../nbs/02_models.ipynb #adb9bd71
 def sample_continuations(lm: LoadedLM, prompts: list, seeds: list, max_new_tokens, min_new_tokens=0,
                          temperature: float = 1.0, top_p: float = 1.0, batch_size: int = 8, desc: str = "generate",
                          on_batch=None,            # called as on_batch(indices, token_lists) as rows finish

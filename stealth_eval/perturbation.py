@@ -183,6 +183,7 @@ class _HoleyBatch:
         self.mask, self.pos = self.mask[idx], self.pos[idx]
         self.last, self.B = [self.last[i] for i in rows], len(rows)
 
+# %% ../nbs/21_perturbation.ipynb #3e356f8f
 def _doc_start(tok) -> int:
     "The token that starts a document for this tokenizer (see above)."
     with_special, plain = tok("a").input_ids, tok("a", add_special_tokens=False).input_ids
@@ -191,6 +192,7 @@ def _doc_start(tok) -> int:
     if "<|endoftext|>" in vocab: return int(vocab["<|endoftext|>"])
     return int(tok.eos_token_id if tok.eos_token_id is not None else tok.bos_token_id)
 
+# %% ../nbs/21_perturbation.ipynb #2aef4666
 def _pieces(tokens: list) -> list:
     "The forced text before each mask and after the last one (leading spaces kept, so fills start a new word)."
     pieces, cur = [], []
@@ -200,11 +202,13 @@ def _pieces(tokens: list) -> list:
     pieces.append(cur)
     return [" ".join(p) if i == 0 else (" " + " ".join(p) if p else "") for i, p in enumerate(pieces)]
 
+# %% ../nbs/21_perturbation.ipynb #234b3838
 def _proposal_seed(seed: int, k: int) -> int:
     "The seed of proposal k of a job (proposal 0 uses the job's seed itself)."
     from stealth_eval.models import row_seed
     return int(seed) if k == 0 else row_seed(int(seed), "infill-proposal", k)
 
+# %% ../nbs/21_perturbation.ipynb #715fe894
 def lm_infill(lm, jobs: list, seeds: list, span_length: int = 2, top_p: float = 1.0, fill_max_tokens: int = 12,
               batch_size: int = 16, desc: str = "infill", proposals: int = 1, lookahead: int = 4) -> list:
     """For each masked token list, one fill per mask sampled by the causal LM `lm` (unmasked text forced).

@@ -375,12 +375,14 @@ def _peak_reset(device: str):
     import torch
     if device.startswith("cuda"): torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
 
+# %% ../nbs/06_rehearsal.ipynb #d0481cc5
 def _peak_gb(device: str) -> float:
     import resource, sys, torch
     if device.startswith("cuda"): torch.cuda.synchronize(); return torch.cuda.max_memory_allocated() / 2**30
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r / 2**30 if sys.platform == "darwin" else r / 2**20     # process peak RSS (cumulative on the CPU)
 
+# %% ../nbs/06_rehearsal.ipynb #c485bd99
 def _free(device: str):
     import gc, torch
     from stealth_eval import models, supervised
@@ -388,6 +390,7 @@ def _free(device: str):
     gc.collect()
     if device.startswith("cuda"): torch.cuda.empty_cache()
 
+# %% ../nbs/06_rehearsal.ipynb #d807775c
 def measure_models(cfg: dict, texts: list, new_tokens: int | None = None, n_prompts: int | None = None) -> list:
     "Tokens/s and peak memory of each rehearsal model through the project's functions, on `texts`."
     import torch

@@ -99,12 +99,14 @@ def check_value(key: str, f, tp, value):
 @functools.cache
 def _hints(cls) -> dict: return typing.get_type_hints(cls)
 
+# %% ../nbs/03_schema.ipynb #f37ca4b3
 def _section_type(tp):
     "The Section class an annotation names (directly or in a union), else None."
     for a in (typing.get_args(tp) if _union(tp) else (tp,)):
         if isinstance(a, type) and issubclass(a, Section): return a
     return None
 
+# %% ../nbs/03_schema.ipynb #4ac9052c
 class Section(Mapping):
     "A frozen settings dataclass, checked when built, that reads like the dict it serialises to."
     _at: typing.ClassVar[str] = ""   # where the section sits ("" for the whole run)
@@ -147,6 +149,7 @@ class Section(Mapping):
     def __iter__(self): return iter(self.__dataclass_fields__)
     def __len__(self): return len(self.__dataclass_fields__)
 
+# %% ../nbs/03_schema.ipynb #16b2dba3
 def section(key: str):
     "Decorator: a frozen, keyword-only settings dataclass placed at `key` of the configuration."
     def wrap(cls):
