@@ -16,8 +16,8 @@ from typing import Callable
 from .core import Registry, StealthEvalError, progress
 
 # %% auto #0
-__all__ = ['DETECTORS', 'METHODS', 'DATASETS', 'Detector', 'Method', 'FunctionMethod', 'Built', 'Dataset', 'FunctionDataset',
-           'ComponentRegistry', 'dataset_analyses', 'load_plugins']
+__all__ = ['DETECTORS', 'METHODS', 'DATASETS', 'BASELINE', 'Detector', 'Method', 'FunctionMethod', 'Built', 'Dataset',
+           'FunctionDataset', 'ComponentRegistry', 'dataset_analyses', 'unedited', 'load_plugins']
 
 # %% ../nbs/01_components.ipynb #5509a745
 @dataclass(frozen=True, kw_only=True)
@@ -169,6 +169,14 @@ DATASETS = ComponentRegistry("dataset", Dataset, ["stealth_eval.data"])
 def dataset_analyses(name: str) -> tuple:
     "The dataset-specific analyses of a run's dataset (none for a dataset read from a file)."
     return DATASETS.get(name).analyses if name in DATASETS else ()
+
+# %% ../nbs/01_components.ipynb #9729bdc3
+BASELINE = "m0"
+
+def unedited(df, defense: str | None = "none"):
+    "Mask of the rows of `df` (columns method, setting, defense) that are original texts under `defense` (None: any defense)."
+    keep = (df["method"] == BASELINE) & (df["setting"].fillna("") == "")
+    return keep if defense is None else keep & (df["defense"] == defense)
 
 # %% ../nbs/01_components.ipynb #20ff0ed2
 def load_plugins(specs) -> list:

@@ -10,7 +10,7 @@ import json
 import typing
 from pathlib import Path
 
-from .components import DATASETS, DETECTORS, METHODS, load_plugins
+from .components import BASELINE, DATASETS, DETECTORS, METHODS, load_plugins
 from .core import StealthEvalError, UnknownNameError, deep_merge, read_json, resolve_path
 from .schema import RUNNER_KEYS, Section, Settings, SettingsError, _hints, _section_type, _shown, accepts, check_value, type_name
 
@@ -141,7 +141,7 @@ def resolve_config(profile: str = "embedded", datasets=None, methods=None, detec
     if len(set(names)) != len(names): raise StealthEvalError(f"two datasets share a name: {names}")
     cfg["datasets"] = ds_specs
     cfg["methods"] = regs["method"].check(methods or cfg["methods"])
-    if "m0" not in cfg["methods"]: cfg["methods"] = ["m0"] + cfg["methods"]   # the baseline every TPR drop is measured from
+    if BASELINE not in cfg["methods"]: cfg["methods"] = [BASELINE] + cfg["methods"]   # every TPR drop is measured from it
     cfg["detectors"] = regs["detector"].check(detectors or cfg["detectors"])
     n = list(n_candidates or cfg["n_candidates"])
     if not n or any(not isinstance(x, int) or x < 1 for x in n):

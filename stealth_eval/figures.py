@@ -15,20 +15,20 @@ import numpy as np
 import pandas as pd
 
 from .acceptance import parse_setting, reward_split, write_acceptance  # settings strings are parsed once, below this stage
-from .components import DATASETS, DETECTORS, METHODS, dataset_analyses
+from .components import DATASETS, DETECTORS, METHODS, dataset_analyses, unedited
 from .core import atomic_write_text, md_tex, read_json, write_json
 
 # %% auto #0
 __all__ = ['ABBREV', 'PALETTE', 'HEATMAP_CMAP', 'IN_REWARD_COLOR', 'COLUMN_IN', 'PAGE_IN', 'MIN_PT', 'DPI', 'HEAT_CELL_IN',
            'SHIELD_KNOBS', 'split_condition', 'format_setting', 'display_name', 'sort_key', 'condition_key',
            'short_label', 'add_setting_fields', 'select', 'results_frame', 'detectors', 'conditions', 'setting_field',
-           'is_m0', 'metric_series', 'metric_grid', 'entries', 'calibration', 'ai_conditions', 'knob_series',
-           'sim_median', 'method_color', 'palette', 'figure_theme', 'themed', 'detector_colors', 'heatmap_data',
-           'heatmap_layout', 'text_color', 'plot_heatmap', 'in_reward_cells', 'pareto_front', 'tradeoff_data',
-           'place_labels', 'plot_tradeoff', 'budget_sweep_data', 'plot_budget_sweep', 'roc_curve', 'strongest_attack',
-           'roc_data', 'plot_roc', 'shield_data', 'plot_shield', 'detector_models', 'main_table', 'transfer_data',
-           'transfer_table', 'sanitize_rows', 'sanitize_table', 'plot_sanitize', 'mark_non_ascii', 'spread_conditions',
-           'qual_examples', 'run_figures_stage']
+           'metric_series', 'metric_grid', 'entries', 'calibration', 'ai_conditions', 'knob_series', 'sim_median',
+           'method_color', 'palette', 'figure_theme', 'themed', 'detector_colors', 'heatmap_data', 'heatmap_layout',
+           'text_color', 'plot_heatmap', 'in_reward_cells', 'pareto_front', 'tradeoff_data', 'place_labels',
+           'plot_tradeoff', 'budget_sweep_data', 'plot_budget_sweep', 'roc_curve', 'strongest_attack', 'roc_data',
+           'plot_roc', 'shield_data', 'plot_shield', 'detector_models', 'main_table', 'transfer_data', 'transfer_table',
+           'sanitize_rows', 'sanitize_table', 'plot_sanitize', 'mark_non_ascii', 'spread_conditions', 'qual_examples',
+           'run_figures_stage']
 
 # %% ../nbs/40_figures.ipynb #623d8554
 def split_condition(c: str) -> tuple:
@@ -136,11 +136,6 @@ def conditions(r, **where):
 def setting_field(df, key: str):
     "The typed column of setting key `key` (`setting.<key>`); all missing where no setting has the key."
     return df[f"setting.{key}"] if f"setting.{key}" in df else pd.Series(pd.NA, index=df.index, dtype=object)
-
-# %% ../nbs/40_figures.ipynb #d3948b50
-def is_m0(cs):
-    "Which conditions are M0 itself (a benchmark's edited texts are M0 with a setting: an attack, not the original)."
-    return (cs["method"] == "m0") & (cs["setting"].fillna("") == "") & (cs["defense"] == "none")
 
 # %% ../nbs/40_figures.ipynb #4423edbc
 def metric_series(r, ds: str, det: str, metric: str, col: str = "value"):
@@ -511,7 +506,7 @@ def plot_budget_sweep(r, quality: dict, path, sim_name: str = "embedder") -> dic
             ax.fill_between(s["N"], s["tpr_lo"], s["tpr_hi"], color=col, alpha=0.12, lw=0)
             ax2.plot(s["N"], s["sim"], ls=ls, marker=mk, color=col, label=s["label"])
         cs = conditions(r, dataset=ds, detector="mean", label="ai", defense="none")
-        for c in cs.index[is_m0(cs)]:
+        for c in cs.index[unedited(cs)]:
             ax.axhline(_at(metric_series(r, ds, "mean", "tpr"), c), color="black", ls="--", lw=0.9, label="M0 (no attack)")
         ns = sorted({n for s in series for n in s["N"]})
         for a in (ax, ax2):
@@ -538,7 +533,7 @@ def strongest_attack(r, ds: str) -> str | None:
     "The attack condition (no defense, not M0) with the lowest mean TPR@1%FPR, then the lowest mean AUROC."
     tpr, auc = metric_series(r, ds, "mean", "tpr"), metric_series(r, ds, "mean", "auc")
     cs = conditions(r, dataset=ds, detector="mean", label="ai", defense="none")
-    cands = [(_at(tpr, c), _at(auc, c), o, c) for c, o in cs.loc[~is_m0(cs), "order"].items() if not math.isnan(_at(tpr, c))]
+    cands = [(_at(tpr, c), _at(auc, c), o, c) for c, o in cs.loc[~unedited(cs), "order"].items() if not math.isnan(_at(tpr, c))]
     return min(cands)[-1] if cands else None
 
 # %% ../nbs/40_figures.ipynb #15d0fb84
@@ -618,7 +613,7 @@ def shield_data(r, ds: str) -> dict:
         strategy, x = rest.pop("strategy", "?"), rest.pop(knob)
         st = out.setdefault(strategy, {"knob": knob, "series": {}})
         st["series"].setdefault(format_setting(rest), []).append((x, c))
-    m0 = list(cs.index[is_m0(cs)])                                  # the original texts: the knob-0 point
+    m0 = list(cs.index[unedited(cs)])                                  # the original texts: the knob-0 point
     for strategy, st in out.items():
         for rest, pts in st["series"].items():
             pts = [(0, c) for c in m0] + sorted(pts)
@@ -729,7 +724,7 @@ def transfer_data(r, ds: str) -> dict:
     cs = conditions(r, dataset=ds, detector="mean", label="ai", defense="none")
     guided = cs[setting_field(cs, "guide").notna()]          # any method whose setting names its guidance detector (M3)
     rows = []
-    for c, f in pd.concat([cs[is_m0(cs)] if len(guided) else cs.iloc[:0], guided])["fields"].items():
+    for c, f in pd.concat([cs[unedited(cs)] if len(guided) else cs.iloc[:0], guided])["fields"].items():
         g = f.get("guide")
         t = {d: _at(tpr, d, c) for d in dets}
         held = [v for d, v in t.items() if d != g and not math.isnan(v)]

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .components import DETECTORS, dataset_analyses
+from .components import DETECTORS, dataset_analyses, unedited
 from .core import md_tex, stable_hash, write_json
 
 # %% auto #0
@@ -700,7 +700,7 @@ RESULT_FILES = {
 
 def sample_counts(scores) -> dict:
     "dataset -> {label: number of unedited texts (m0, no setting, no defense, candidate 0)}."
-    s = scores[(scores["candidate_rank"] == 0) & (scores["method"] == "m0") & (scores["setting"].fillna("") == "") & (scores["defense"] == "none")]
+    s = scores[(scores["candidate_rank"] == 0) & unedited(scores)]
     return {ds: {lab: int(g.loc[g["label"] == lab, "sample_id"].nunique()) for lab in ("human", "ai")} for ds, g in s.groupby("dataset", sort=True)}
 
 # %% ../nbs/30_calibration_metrics.ipynb #5abeb7aa

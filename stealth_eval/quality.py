@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .components import unedited
 from .core import Cache, read_jsonl, sha256_text, write_json
 from .detectors import score_texts
 from .engine import run_cache
@@ -36,7 +37,7 @@ def chrf(src: str, out: str) -> float:
 # %% ../nbs/25_quality.ipynb #43088ec2
 def quality_sources(outs):
     "The source text of every candidate-0 output row: same label, unedited, same sample id, else same source id."
-    base = outs[(outs["method"] == "m0") & (outs["defense"] == "none") & (outs["setting"].fillna("") == "") & (outs["candidate_rank"] == 0)]
+    base = outs[unedited(outs) & (outs["candidate_rank"] == 0)]
     by_id = {(d, l, i): t for d, l, i, t in zip(base["dataset"], base["label"], base["sample_id"], base["text_out"])}
     by_src = {}
     for d, l, s, t in zip(base["dataset"], base["label"], base.get("source_id", base["sample_id"]), base["text_out"]): by_src.setdefault((d, l, s), t)
@@ -47,7 +48,7 @@ def quality_sources(outs):
 def compute_quality(outs, cfg: dict, cache: Cache):
     "quality.parquet rows for every AI output (candidate 0) and every edited human text among `outs` (raw_outputs.jsonl rows)."
     outs = outs[outs["candidate_rank"] == 0]
-    edited_human = (outs["label"] == "human") & ~((outs["method"] == "m0") & (outs["setting"].fillna("") == ""))
+    edited_human = (outs["label"] == "human") & ~unedited(outs, defense=None)
     q = outs[(outs["label"] == "ai") | edited_human].copy()
     keep = ((outs["label"] == "ai") | edited_human).to_numpy()
     q["source_text"] = [s for s, k in zip(quality_sources(outs), keep) if k]

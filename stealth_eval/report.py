@@ -284,6 +284,7 @@ def screenshot(html_file, png, chromium: str | None = None, size=(1280, 2400), t
 def explorer_data(run_dir, dataset: str, detector: str, condition: str, n_examples: int = 4, scores=None) -> dict:
     "What the explorer shows: ROC points, threshold, TPR/FPR at it, AUROC and example texts with scores."
     import pandas as pd
+    from stealth_eval.components import unedited
     from stealth_eval.figures import roc_curve
     run = Path(run_dir)
     scores = pd.read_parquet(run / "scores.parquet") if scores is None else scores
@@ -291,7 +292,7 @@ def explorer_data(run_dir, dataset: str, detector: str, condition: str, n_exampl
     s = scores[(scores["dataset"] == dataset) & (scores["candidate_rank"] == 0)]
     defense = s.loc[s["condition"] == condition, "defense"].iloc[0] if (s["condition"] == condition).any() else "none"
     s = s[s["defense"] == defense]                 # the condition's defense column, not its name
-    hum = s[(s["label"] == "human") & (s["method"] == "m0") & (s["setting"].fillna("") == "")]   # unedited human texts
+    hum = s[(s["label"] == "human") & unedited(s, defense)]
     hum = hum.pivot_table(index="sample_id", columns="detector_name", values="detector_score_ai", aggfunc="first").dropna()
     h = hum[detector].to_numpy(np.float64) if detector in hum else np.array([])
     a_rows = s[(s["label"] == "ai") & (s["condition"] == condition) & (s["detector_name"] == detector)]
