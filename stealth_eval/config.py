@@ -12,11 +12,11 @@ from pathlib import Path
 
 from .components import BASELINE, DATASETS, DETECTORS, METHODS, load_plugins
 from .core import StealthEvalError, UnknownNameError, deep_merge, read_json, resolve_path
-from .schema import RUNNER_KEYS, Section, Settings, SettingsError, _hints, _section_type, _shown, accepts, check_value, type_name
+from .schema import DEVICE_KEYS, DEVICE_PROFILES, RUNNER_KEYS, Section, Settings, SettingsError, _hints, _section_type, _shown, accepts, check_value, type_name
 
 # %% auto #0
-__all__ = ['PIPELINE', 'PROFILE_CHANGES', 'PROFILES', 'profile_settings', 'registries', 'parse_set', 'resolve_config',
-           'load_config']
+__all__ = ['PIPELINE', 'PROFILE_CHANGES', 'PROFILES', 'profile_settings', 'registries', 'parse_set', 'resolve_device_settings',
+           'resolve_config', 'load_config']
 
 # %% ../nbs/03_config.ipynb #4a0d89c3
 PIPELINE = ["00_data", "10_methods", "20_detectors", "30_calibration_metrics", "40_figures"]   # the stage notebooks, in order
@@ -114,6 +114,23 @@ def parse_set(items) -> dict:
         except json.JSONDecodeError: out[k.strip()] = v
     return out
 
+# %% ../nbs/03_config.ipynb #b8e2d1a1
+def resolve_device_settings(cfg: dict,              # a plain configuration
+                            probe: bool = True) -> dict:  # may import torch to find out whether `device=auto` is CUDA
+    "`cfg` with `device_profile` and every 'auto' device setting made concrete (unchanged if that needs a probe it may not make)."
+    prof = cfg.get("device_profile", "auto")
+    if prof == "auto":
+        dev = cfg.get("device", "auto")
+        if dev == "auto" and not probe: return cfg
+        if dev == "auto":
+            from stealth_eval.models import resolve_device
+            dev = resolve_device(dev)
+        prof = "gpu" if dev.startswith("cuda") else "cpu"
+    out = {**cfg, "device_profile": prof}
+    for k in DEVICE_KEYS:
+        if out.get(k, "auto") in (None, "auto"): out[k] = DEVICE_PROFILES[prof][k]
+    return out
+
 # %% ../nbs/03_config.ipynb #176c8a21
 def resolve_config(profile: str = "embedded", datasets=None, methods=None, detectors=None, n_candidates=None,
                    seed: int = 0, out_dir: str = "artifacts", overrides: dict | None = None, no_cache: bool = False,
@@ -126,6 +143,7 @@ def resolve_config(profile: str = "embedded", datasets=None, methods=None, detec
         from stealth_eval.rehearsal import rehearsal_config
         cfg = rehearsal_config(cfg, overrides)
     for k, v in (overrides or {}).items(): _set_dotted(cfg, k, v)
+    cfg = resolve_device_settings(cfg, probe=False)   # the runner probes `device=auto` (torch) before config.json
     cfg["plugins"] = load_plugins(list(cfg.get("plugins") or []) + list(plugins or []))   # before the names are checked
     regs = registries()
     ds_specs = []

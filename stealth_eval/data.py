@@ -195,7 +195,7 @@ def _lee_pool(cfg: dict, tok) -> tuple:
 # %% ../nbs/00_data.ipynb #b08bb8d8
 def _lee_continue(cfg: dict, cache: Cache, identity: str, docs: list, name: str, watermark: dict | None = None):
     "Fill d['new'] (continuation token ids) for each document: cached, else sampled where the cache's engine computes."
-    from stealth_eval.models import SAMPLER_VERSION, iter_continuations, load_causal_lm, row_seed
+    from stealth_eval.models import SAMPLER_VERSION, iter_continuations, lm_kwargs, load_causal_lm, row_seed
     dc, P = cfg["data"], cfg["data"]["prompt_tokens"]
     params = {k: dc[k] for k in ("prompt_tokens", "temperature", "top_p", "min_tokens", "max_tokens")}
     extra = {} if watermark is None else {"watermark": {**watermark, "bias": "after_temperature"}}  # lee_news keys unchanged
@@ -206,16 +206,16 @@ def _lee_continue(cfg: dict, cache: Cache, identity: str, docs: list, name: str,
     keys = {i: cache.key("generation", model=identity, prompt=d["ids"][:P], seed=d["seed"], max_new=d["max_new"],
                          min_new=d["min_new"], params=params, sampler=SAMPLER_VERSION, **extra) for i, d in enumerate(docs)}
     jobs = [(d["ids"][:P], d["seed"], d["max_new"], d["min_new"]) for d in docs]
-    spec, device, trc, temp, top_p, bs = (cfg["generator"], cfg["device"], cfg["trust_remote_code"], dc["temperature"],
-                                          dc["top_p"], dc["batch_size"])
+    spec, temp, top_p, bs = cfg["generator"], dc["temperature"], dc["top_p"], dc["batch_size"]
     def compute(todo):   # yields rows as they finish: stored batch by batch, so an interrupted run resumes where it stopped
-        lm = load_causal_lm(spec, device=device, trust_remote_code=trc)
+        lm = load_causal_lm(spec, **lm_kwargs(cfg))
         procs = None
         if watermark is not None:
             from stealth_eval.watermark import KGWLogitsProcessor
             procs = [KGWLogitsProcessor(watermark, lm.model.config.get_text_config().vocab_size, temp)]
         yield from iter_continuations(lm, *[[jobs[i][k] for i in todo] for k in range(4)], temp, top_p, bs,
-                                      desc=f"{name}: continuations by {spec}", logits_processors=procs)
+                                      desc=f"{name}: continuations by {spec}", logits_processors=procs,
+                                      kv_gb=cfg.get("decode_kv_gb"))
     got = cache.fetch(keys, compute)
     for i, d in enumerate(docs): d["new"] = got[i]
 
@@ -243,7 +243,7 @@ def _lee_records(cfg: dict, tok, human_docs: list, ai_docs: list, gen_name: str,
 def build_lee_news(cfg: dict, cache: Cache, name: str = "lee_news", watermark: bool = False) -> Built:
     "Balanced human/AI records from the Lee corpus and generator continuations, the drops, and the training split."
     import numpy as np
-    from stealth_eval.models import lm_identity, load_tokenizer
+    from stealth_eval.models import lm_identity, lm_kwargs, load_tokenizer
     dc = cfg["data"]
     tok = load_tokenizer(cfg["generator"], trust_remote_code=cfg["trust_remote_code"])   # the model loads where it generates
     docs, drops = _lee_pool(cfg, tok)
@@ -263,7 +263,7 @@ def build_lee_news(cfg: dict, cache: Cache, name: str = "lee_news", watermark: b
     if watermark:
         from stealth_eval.watermark import watermark_params
         wm = watermark_params(cfg)
-    _lee_continue(cfg, cache, lm_identity(cfg["generator"], device=cfg["device"], trust_remote_code=cfg["trust_remote_code"]),
+    _lee_continue(cfg, cache, lm_identity(cfg["generator"], **lm_kwargs(cfg)),
                   chosen + train_a, name, wm)
     gen_name = cfg["generator"] + ("+kgw" if watermark else "")
     prefix = "kgw_" if watermark else ""   # ids unique across the run's datasets; source_id stays the Lee document

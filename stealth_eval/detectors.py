@@ -17,12 +17,12 @@ from .core import Cache, ComponentUnavailable, get_logger, progress, read_jsonl,
 from .engine import run_cache
 
 # %% auto #0
-__all__ = ['PANEL_VERSION', 'panel_batch', 'binoculars_batch', 'panel_from_logits', 'panel_stats', 'binoculars_from_logits',
-           'panel_reference', 'binoculars_reference', 'PanelDetector', 'BinocularsPair', 'score_texts',
-           'score_texts_windows', 'score_binoculars_pair', 'run_detectors_stage']
+__all__ = ['PANEL_VERSION', 'panel_batch', 'binoculars_batch', 'HeadLogits', 'lm_logits', 'panel_from_logits', 'panel_stats',
+           'binoculars_from_logits', 'panel_reference', 'binoculars_reference', 'PanelDetector', 'BinocularsPair',
+           'score_texts', 'score_texts_windows', 'score_binoculars_pair', 'run_detectors_stage']
 
 # %% ../nbs/20_detectors.ipynb #3813068a
-PANEL_VERSION = "panel-v6"  # bump whenever the computation changes: it is part of every cache key
+PANEL_VERSION = "panel-v7"  # bump whenever the computation changes: it is part of every cache key
 
 def _position_stats(z, y, ref=None):
     """Per-position statistics of logits `z` (N, V) predicting `y` (N,), float64 on z's device: log-likelihood,
@@ -53,10 +53,11 @@ def _position_stats(z, y, ref=None):
 def _row_arrays(logits, ids, ref_logits=None, width: int | None = None):
     """`_position_stats` of every position of a right-padded batch: a (5, R, L) float64 tensor. Position t predicts
     ids[:, t + 1] (the last position's label is a placeholder: only its entropy and mu are read). The positions are
-    taken in blocks of `width` columns of every row, so every block of a batch shape has the same shape."""
+    taken in blocks of `width` columns of every row (at most 2**27 logits a block: a function of the batch shape alone),
+    so every block of a batch shape has the same shape. `logits` may be a tensor or `HeadLogits`."""
     import torch
     R, L, V = logits.shape
-    if width is None: width = 8 if logits.device.type == "cpu" else max(1, min(64, (1 << 27) // max(1, R * V)))
+    if width is None: width = max(1, min(64, (1 << 27) // max(1, R * V)))
     labels = torch.cat([ids[:, 1:], ids[:, :1]], 1).to(logits.device)
     out = torch.empty((5, R, L), dtype=torch.float64, device=logits.device)
     for s in range(0, L, width):
@@ -107,34 +108,67 @@ def binoculars_batch(obs_logits, perf_logits, ids, lengths, pad_id=None) -> list
     b = ((-ll * pred).sum(1) / pred.sum(1)) / ((-mu * keep).sum(1) / keep.sum(1))
     return b.cpu().tolist()
 
+# %% ../nbs/20_detectors.ipynb #d0de0001
+class HeadLogits:
+    """The logits of a batch, made block by block in float32 from the LM's last hidden states (R, L, H) and its output
+    head in float32 (`LoadedLM.head_fp32`). With bf16 weights the model's own head rounds logits to bf16 (spacing 0.0625
+    between 8 and 16), which ties tokens and makes a strict `>` rank count optimistic; here only the hidden states are
+    bf16, and the full (R, L, V) logits never exist at once."""
+    def __init__(self, hidden, head: tuple):
+        self.hidden, (self.w, self.b, self.cap) = hidden, head
+        self.shape, self.device = (*hidden.shape[:2], self.w.shape[0]), hidden.device
+
+    def __getitem__(self, key):
+        import torch
+        z = torch.nn.functional.linear(self.hidden[key].float(), self.w, self.b)
+        return z if not self.cap else torch.tanh(z / self.cap) * self.cap   # Gemma-2-style final softcapping
+
+    def to(self, device):
+        if str(device) == str(self.device): return self
+        return HeadLogits(self.hidden.to(device), tuple(None if x is None or isinstance(x, float) else x.to(device) for x in (self.w, self.b)) + (self.cap,))
+
+def lm_logits(lm, ids, mask) -> HeadLogits:
+    "Scoring logits of a batch: the base model's last hidden states, the head applied in float32 on demand."
+    return HeadLogits(lm.model.base_model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device)).last_hidden_state,
+                      lm.head_fp32())
+
 # %% ../nbs/20_detectors.ipynb #458ebc1f
 def _forward_batches(models: list, seqs: list, budget: int, granule: int, desc: str, on_batch):
     """Run each LM of `models` over the token lists in batches whose shapes depend on each list's length alone
-    (`models.plan_batches`); call `on_batch(indices, ids, lengths, [logits per model])` (dummy rows included)."""
+    (`models.plan_batches`, never past the models' positions); call `on_batch(indices, ids, lengths, [HeadLogits per
+    model])` (dummy rows included) after each batch, and yield what it returns."""
     import torch
     from stealth_eval.models import pad_batch, plan_batches
     pad = models[0].tokenizer.pad_token_id
     pad = 0 if pad is None else pad
     bar = progress(total=len(seqs), desc=desc, unit="text")
-    for R, L, idx in plan_batches([len(s) for s in seqs], budget, granule):
+    for R, L, idx in plan_batches([len(s) for s in seqs], budget, granule, max_len=min(m.max_length for m in models)):
         ids, mask = pad_batch([seqs[i] for i in idx], R, L, pad)
         lengths = [len(seqs[i]) for i in idx] + [len(seqs[idx[0]])] * (R - len(idx))
         with torch.no_grad():
-            logits = [m.model(input_ids=ids.to(m.device), attention_mask=mask.to(m.device)).logits for m in models]
-        on_batch(idx, ids, lengths, logits)
+            res = on_batch(idx, ids, lengths, [lm_logits(m, ids, mask) for m in models])
         bar.update(len(idx))
+        yield res
     bar.close()
+
+def _iter_panel_of_ids(lm, id_lists: list, caps: list, budget: int, granule: int = 64, desc: str = "scoring"):
+    """(positions, panel statistics) of the token lists, list i truncated to caps[i], one part per device batch (so the
+    cache stores each batch as it finishes); lists below 2 predicted tokens come first, as None."""
+    cut = [list(s[:w]) for s, w in zip(id_lists, caps)]
+    todo = [i for i, s in enumerate(cut) if len(s) - 1 >= 2]
+    short = [i for i in range(len(cut)) if len(cut[i]) - 1 < 2]
+    if short: yield short, [None] * len(short)
+    def take(idx, ids, lengths, logits):
+        pos = [todo[i] for i in idx]
+        return pos, [{**st, "truncated": len(id_lists[j]) > caps[j], "n_tokens_input": len(id_lists[j])}
+                     for j, st in zip(pos, panel_batch(logits[0], ids, lengths, lm.tokenizer.pad_token_id))]
+    yield from _forward_batches([lm], [cut[i] for i in todo], budget, granule, desc, take)
 
 def _panel_of_ids(lm, id_lists: list, caps: list, budget: int, granule: int = 64, desc: str = "scoring") -> list:
     "Panel statistics (or None below 2 predicted tokens) of token lists, list i truncated to caps[i], in device batches."
     out = [None] * len(id_lists)
-    cut = [list(s[:w]) for s, w in zip(id_lists, caps)]
-    todo = [i for i, s in enumerate(cut) if len(s) - 1 >= 2]
-    def take(idx, ids, lengths, logits):
-        for i, st in zip(idx, panel_batch(logits[0], ids, lengths, lm.tokenizer.pad_token_id)):
-            j = todo[i]
-            out[j] = {**st, "truncated": len(id_lists[j]) > caps[j], "n_tokens_input": len(id_lists[j])}
-    _forward_batches([lm], [cut[i] for i in todo], budget, granule, desc, take)
+    for pos, vals in _iter_panel_of_ids(lm, id_lists, caps, budget, granule, desc):
+        for j, v in zip(pos, vals): out[j] = v
     return out
 
 def panel_from_logits(logits, labels, ref_logits=None, chunk: int = 8) -> dict:
@@ -281,32 +315,36 @@ def score_texts(texts: list, model_spec: str, cfg: dict, cache: Cache, max_token
 # %% ../nbs/20_detectors.ipynb #0bf3bd6c
 def score_texts_windows(texts: list, model_spec: str, cfg: dict, cache: Cache, windows: list) -> dict:
     """window -> sha256(text) -> panel statistics over the text's first `window` tokens. The cache key names the tokens
-    actually scored, so a text shorter than several windows is looked up once and scored in one forward pass."""
-    from stealth_eval.models import load_causal_lm, load_tokenizer, scoring_budget
+    actually scored, so a text shorter than several windows is looked up once and scored in one forward pass; each
+    device batch is stored as it finishes, so a killed run resumes after its last batch."""
+    from stealth_eval.models import load_causal_lm, load_tokenizer, lm_kwargs, model_max_tokens, scoring_budget
     windows = sorted({int(w) for w in windows})
     uniq = {sha256_text(t): t for t in texts}
     if not uniq: return {W: {} for W in windows}
     identity = _identity_of(model_spec, cfg)
     tok = load_tokenizer(model_spec, trust_remote_code=cfg["trust_remote_code"])
     ids = dict(zip(uniq, tok(list(uniq.values()), truncation=False).input_ids))
+    M = model_max_tokens(model_spec, trust_remote_code=cfg["trust_remote_code"])    # no window past the model's positions
+    n_of = lambda h, W: min(len(ids[h]), W, M)                                          # tokens a window scores of a text
     keys = {(h, n): cache.key("lm_panel", model=identity, text=h, scored_tokens=n, version=PANEL_VERSION)
-            for h in uniq for n in sorted({min(len(ids[h]), W) for W in windows})}   # (text, tokens scored)
+            for h in uniq for n in sorted({n_of(h, W) for W in windows})}   # (text, tokens scored)
     def compute(todo):
-        lm = load_causal_lm(model_spec, device=cfg["device"], trust_remote_code=cfg["trust_remote_code"])
+        lm = load_causal_lm(model_spec, **lm_kwargs(cfg))
         budget, granule = scoring_budget(cfg, lm.device)
-        return _panel_of_ids(lm, [ids[h] for h, _ in todo], [n for _, n in todo], budget, granule, desc=f"scoring with {model_spec}")
+        yield from _iter_panel_of_ids(lm, [ids[h] for h, _ in todo], [n for _, n in todo], budget, granule, desc=f"scoring with {model_spec}")
     got = cache.fetch(keys, compute)
-    return {W: {h: got[(h, min(len(ids[h]), W))] for h in uniq} for W in windows}
+    return {W: {h: got[(h, n_of(h, W))] for h in uniq} for W in windows}
 
 # %% ../nbs/20_detectors.ipynb #267293c1
 def score_binoculars_pair(texts: list, cfg: dict, cache: Cache, max_tokens: int = 512) -> dict:
     "sha256(text) -> {'binoculars', 'n_tokens_input', 'truncated'} (or None) for the configured observer/performer pair."
-    from stealth_eval.models import load_causal_lm, load_tokenizer, scoring_budget
+    from stealth_eval.models import load_causal_lm, load_tokenizer, lm_kwargs, model_max_tokens, scoring_budget
     obs_spec, perf_spec = cfg["binoculars_observer"], cfg["binoculars_performer"]
     ident = [_identity_of(obs_spec, cfg), _identity_of(perf_spec, cfg)]
     uniq = {sha256_text(t): t for t in texts}
     if not uniq: return {}
     kw = dict(trust_remote_code=cfg["trust_remote_code"])
+    max_tokens = min(max_tokens, *(model_max_tokens(s, **kw) for s in (obs_spec, perf_spec)))   # within both models' positions
     ids = dict(zip(uniq, load_tokenizer(perf_spec, **kw)(list(uniq.values()), truncation=False).input_ids))
     oids = load_tokenizer(obs_spec, **kw)(list(uniq.values()), truncation=False).input_ids
     for h, o in zip(uniq, oids):
@@ -314,27 +352,27 @@ def score_binoculars_pair(texts: list, cfg: dict, cache: Cache, max_tokens: int 
             raise ValueError(f"binoculars: {obs_spec} and {perf_spec} tokenize differently; the pair must share a tokenizer")
     keys = {h: cache.key("binoculars_pair", models=ident, text=h, scored_tokens=min(len(ids[h]), max_tokens),
                          version=PANEL_VERSION) for h in uniq}
-    def compute(miss):
-        out = {h: None for h in miss}                       # None: fewer than 2 predicted tokens
-        todo = [h for h in miss if min(len(ids[h]), max_tokens) - 1 >= 2]
-        if not todo: return [out[h] for h in miss]
-        obs, perf = (load_causal_lm(s, device=cfg["device"], **kw) for s in (obs_spec, perf_spec))
+    def compute(miss):   # yields each device batch's scores, so the cache stores them as they finish
+        todo = [k for k, h in enumerate(miss) if min(len(ids[h]), max_tokens) - 1 >= 2]
+        short = sorted(set(range(len(miss))) - set(todo))   # None: fewer than 2 predicted tokens
+        if short: yield short, [None] * len(short)
+        if not todo: return
+        obs, perf = (load_causal_lm(s, **lm_kwargs(cfg)) for s in (obs_spec, perf_spec))
         budget, granule = scoring_budget(cfg, perf.device)
         def take(idx, b_ids, lengths, logits):
-            for i, b in zip(idx, binoculars_batch(logits[0], logits[1].to(logits[0].device), b_ids, lengths,
-                                                  perf.tokenizer.pad_token_id)):
-                h = todo[i]
-                out[h] = {"binoculars": b, "n_tokens_input": len(ids[h]), "truncated": len(ids[h]) > max_tokens}
-        _forward_batches([obs, perf], [ids[h][:max_tokens] for h in todo], budget, granule,
-                         f"binoculars: {obs_spec} / {perf_spec}", take)
-        return [out[h] for h in miss]
+            pos = [todo[i] for i in idx]
+            bs = binoculars_batch(logits[0], logits[1].to(logits[0].device), b_ids, lengths, perf.tokenizer.pad_token_id)
+            return pos, [{"binoculars": b, "n_tokens_input": len(ids[miss[k]]), "truncated": len(ids[miss[k]]) > max_tokens}
+                         for k, b in zip(pos, bs)]
+        yield from _forward_batches([obs, perf], [ids[miss[k]][:max_tokens] for k in todo], budget, granule,
+                                    f"binoculars: {obs_spec} / {perf_spec}", take)
     return cache.fetch(keys, compute)
 
 # %% ../nbs/20_detectors.ipynb #2bc79d6a
 def _identity_of(model_spec: str, cfg: dict) -> str:
     "The model's identity for cache keys (`models.lm_identity`: loads nothing for embedded or local models)."
-    from stealth_eval.models import lm_identity
-    return lm_identity(model_spec, device=cfg["device"], trust_remote_code=cfg["trust_remote_code"])
+    from stealth_eval.models import lm_identity, lm_kwargs
+    return lm_identity(model_spec, **lm_kwargs(cfg))
 
 def _merge_skipped(path: Path, skipped: dict):
     "Set the 'detectors' key of `skipped.json`, keeping what other stages wrote there (e.g. 'methods')."

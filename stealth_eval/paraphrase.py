@@ -21,13 +21,13 @@ from .data import text_validity
 from .models import row_seed
 
 # %% auto #0
-__all__ = ['PARAPHRASE_PROMPT', 'AUTHORMIST_PROMPT', 'CHENG_SYSTEM_PROMPT', 'POOL_VERSION', 'TINY_CHAT_TEMPLATE',
-           'AUTHORMIST_MODEL', 'clean_answer', 'split_sentences', 'chunk_text', 'join_chunks', 'AdaptedSpec',
-           'tokenizer_of', 'generate_answers', 'resolve_adapter', 'adapter_spec', 'load_adapted_lm', 'log_generations',
-           'paraphrase_pool', 'make_tiny_chat_lm', 'select_most_similar', 'select_guided', 'budget_outputs',
-           'paraphraser_of', 'pool_similarities', 'sample_and_select', 'method_m1', 'method_m2', 'method_m4',
-           'rank_scale', 'select_ensemble', 'guide_detectors', 'guide_scores', 'method_m3', 'token_guided_generate',
-           'token_guided_paraphrase']
+__all__ = ['PARAPHRASE_PROMPT', 'AUTHORMIST_PROMPT', 'CHENG_SYSTEM_PROMPT', 'POOL_VERSION', 'VLLM_LORA_RANKS',
+           'TINY_CHAT_TEMPLATE', 'AUTHORMIST_MODEL', 'clean_answer', 'split_sentences', 'chunk_text', 'join_chunks',
+           'AdaptedSpec', 'tokenizer_of', 'generate_answers', 'vllm_lora_rank', 'vllm_engine_args', 'resolve_adapter',
+           'adapter_spec', 'load_adapted_lm', 'log_generations', 'paraphrase_pool', 'make_tiny_chat_lm',
+           'select_most_similar', 'select_guided', 'budget_outputs', 'paraphraser_of', 'pool_similarities',
+           'sample_and_select', 'method_m1', 'method_m2', 'method_m4', 'rank_scale', 'select_ensemble',
+           'guide_detectors', 'guide_scores', 'method_m3', 'token_guided_generate', 'token_guided_paraphrase']
 
 # %% ../nbs/11_paraphrase.ipynb #2cf2b4a4
 PARAPHRASE_PROMPT = ("Please paraphrase the following text while maintaining its meaning and style. "
@@ -120,47 +120,136 @@ def generate_answers(target,                 # model spec, LoadedLM or AdaptedSp
         return _vllm_generate(target, messages, seeds, cache, cfg, max_new_tokens, temperature, top_p, system)
     if backend != "transformers":
         raise StealthEvalError(f"generation_backend must be 'transformers' or 'vllm', got {backend!r}")
+    rows = _rows_per_batch(target, messages, max_new_tokens, system, cfg)
     identity = None
     if isinstance(target, AdaptedSpec):   # a loader: the adapted model loads where the cache's engine computes
-        identity, target = target.identity, partial(load_adapted_lm, target.base, target.adapter, cfg.get("device", "auto"))
+        identity, target = target.identity, partial(load_adapted_lm, target.base, target.adapter, cfg.get("device", "auto"),
+                                                    cfg.get("dtype", "auto"))
     return chat_generate(target, messages, seeds, cache, max_new_tokens=max_new_tokens, temperature=temperature,
-                         top_p=top_p, system=system, batch_size=cfg.get("paraphrase_batch_size", 8),
-                         device=cfg.get("device", "auto"), desc=desc, identity=identity)
+                         top_p=top_p, system=system, batch_size=rows, device=cfg.get("device", "auto"), desc=desc,
+                         identity=identity, dtype=cfg.get("dtype", "auto"))
+
+# %% ../nbs/11_paraphrase.ipynb #dec0de11
+def _run_dtype(cfg: dict) -> str:
+    "The dtype the run's causal LMs compute in (its `dtype` setting; 'auto': the device profile's)."
+    d = cfg.get("dtype", "auto")
+    if d not in (None, "auto"): return str(d)
+    from stealth_eval.models import device_setting
+    return device_setting("dtype", "auto", cfg.get("device", "auto"))
+
+def _model_config(spec: str, cfg: dict):
+    "A causal LM's configuration, from its files alone (no weights)."
+    from transformers import AutoConfig
+    from stealth_eval.models import _model_source, offline_mode
+    return AutoConfig.from_pretrained(_model_source(spec), trust_remote_code=bool(cfg.get("trust_remote_code", False)),
+                                      local_files_only=offline_mode())
+
+def _longest_row(tok, messages: list, system, max_new_tokens) -> int:
+    "Tokens of the longest row: a rendered prompt plus its answer budget."
+    from stealth_eval.models import chat_prompt_ids
+    mx = [max_new_tokens] * len(messages) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    return max(len(chat_prompt_ids(tok, m, system)) + k for m, k in zip(messages, mx))
+
+def _rows_per_batch(target, messages: list, max_new_tokens, system, cfg: dict) -> int:
+    "Rows of a decode batch: `paraphrase_batch_size`, fewer where `decode_kv_gb` holds fewer at the longest row."
+    from stealth_eval.models import LoadedLM, decode_rows
+    bs, kv = int(cfg.get("paraphrase_batch_size", 8)), cfg.get("decode_kv_gb")
+    if kv in (None, "auto") or not messages: return bs
+    if isinstance(target, LoadedLM): conf, dtype = target.model.config, next(target.model.parameters()).dtype
+    else: conf, dtype = _model_config(target.base if isinstance(target, AdaptedSpec) else target, cfg), _run_dtype(cfg)
+    return decode_rows(conf, _longest_row(_tok(target), messages, system, max_new_tokens), bs, float(kv), dtype)
 
 # %% ../nbs/11_paraphrase.ipynb #a56b88e0
-@lru_cache(maxsize=2)
-def _vllm_engine(model: str, lora: bool):
-    from vllm import LLM
-    return LLM(model=model, enable_lora=lora, seed=0)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)   # vLLM's `MaxLoRARanks` (vllm/config/lora.py)
 
+def vllm_lora_rank(adapter) -> int:
+    "A peft adapter's rank (`r`, or the largest of its `rank_pattern`) rounded up to a `max_lora_rank` vLLM accepts."
+    conf = json.loads((Path(adapter) / "adapter_config.json").read_text())
+    r = max([int(conf["r"]), *map(int, (conf.get("rank_pattern") or {}).values())])
+    try:                                                     # the installed vLLM's own list, where it has one
+        from typing import get_args
+        from vllm.config.lora import MaxLoRARanks
+        ranks = sorted(get_args(MaxLoRARanks)) or VLLM_LORA_RANKS
+    except Exception: ranks = VLLM_LORA_RANKS
+    fit = [k for k in ranks if k >= r]
+    if not fit: raise StealthEvalError(f"LoRA adapter {adapter}: rank {r} is above vLLM's largest max_lora_rank ({max(ranks)})")
+    return fit[0]
+
+# %% ../nbs/11_paraphrase.ipynb #dec0de12
+def vllm_engine_args(cfg: dict,
+                     model: str,                  # what vLLM loads: a local folder or a hub id
+                     longest: int,                # tokens of the longest row: its prompt plus its answer budget
+                     adapter: str | None = None,  # a peft LoRA adapter folder
+                     model_max: int | None = None,  # the model's positions (a cap on the context)
+                     rows: int | None = None) -> dict:  # sequences at once (default: `paraphrase_batch_size`)
+    "The arguments of vLLM's `LLM`, every one derived from the run (none left to vLLM's defaults)."
+    ctx = -(-int(longest) // 256) * 256
+    args = {"model": model, "seed": int(cfg.get("seed", 0)), "dtype": _run_dtype(cfg),
+            "gpu_memory_utilization": float(cfg.get("vllm_memory_share", 0.5)),
+            "max_model_len": min(ctx, int(model_max)) if model_max else ctx,
+            "max_num_seqs": int(rows or cfg.get("paraphrase_batch_size", 8)),
+            "trust_remote_code": bool(cfg.get("trust_remote_code", False)), "enable_lora": bool(adapter)}
+    if adapter: args.update(max_lora_rank=vllm_lora_rank(adapter), max_loras=1)
+    return args
+
+# %% ../nbs/11_paraphrase.ipynb #dec0de13
+def _vllm_run(args: dict, slices, lora_request, store):
+    "Start one vLLM engine with `args`, generate each slice `(indices, prompts, params)` and `store` its texts, then give its GPU memory back."
+    import gc
+    import torch
+    from vllm import LLM
+    get_logger().info("starting vLLM: " + ", ".join(f"{k}={v}" for k, v in args.items()))
+    llm = LLM(**args)
+    try:
+        for idx, prompts, params in slices:
+            store(idx, [r.outputs[0].text for r in llm.generate(prompts, params, lora_request=lora_request)])
+    finally:   # the methods stage loads E5 and M3's guide detectors in this process next
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if callable(getattr(core, "shutdown", None)): core.shutdown()
+        del llm
+        gc.collect()
+        if torch.cuda.is_available(): torch.cuda.empty_cache()
+
+# %% ../nbs/11_paraphrase.ipynb #dec0de14
 def _vllm_generate(target, messages, seeds, cache, cfg, max_new_tokens, temperature, top_p, system):
-    "The vLLM backend: same prompts and per-row seeds, own cache namespace."
+    "The vLLM backend: same prompts and per-row seeds, own cache namespace; engine arguments from the run."
     try:
         import vllm
     except ImportError:
         raise StealthEvalError("generation_backend='vllm' needs the vllm package (pip install vllm) and a CUDA GPU") from None
     import torch
     if not torch.cuda.is_available(): raise StealthEvalError("generation_backend='vllm' needs a CUDA GPU; none is visible")
-    from stealth_eval.models import EMBEDDED_LMS, LoadedLM, chat_prompt_ids, convert_gguf, lm_identity
+    from stealth_eval.models import LoadedLM, _model_source, chat_prompt_ids, decode_rows, lm_identity, lm_kwargs
     if isinstance(target, LoadedLM): base, adapter, identity = target.name, target.meta.get("adapter"), target.identity
     elif isinstance(target, AdaptedSpec): base, adapter, identity = target.base, target.adapter, target.identity
-    else: base, adapter, identity = target, None, lm_identity(target, device=cfg.get("device", "auto"))
+    else: base, adapter, identity = target, None, lm_identity(target, **lm_kwargs(cfg))
     n = len(messages)
     mx = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    dtype = _run_dtype(cfg)
     keys = [cache.key("chat_generate_vllm", model=identity, message=sha256_text(m), system=system, seed=int(s), max_new=mx[i],
-                      temperature=temperature, top_p=top_p, vllm=vllm.__version__, version=POOL_VERSION)
+                      temperature=temperature, top_p=top_p, dtype=dtype, vllm=vllm.__version__, version=POOL_VERSION)
             for i, (m, s) in enumerate(zip(messages, seeds))]
     out = [cache.get(k) for k in keys]
     todo = [i for i in range(n) if out[i] is None]
-    if todo:
-        from vllm import SamplingParams
-        from vllm.lora.request import LoRARequest
-        tok = tokenizer_of(base)
-        llm = _vllm_engine(str(convert_gguf(base)[0]) if base in EMBEDDED_LMS else base, bool(adapter))
-        prompts = [{"prompt_token_ids": chat_prompt_ids(tok, messages[i], system)} for i in todo]
-        params = [SamplingParams(temperature=temperature, top_p=top_p, max_tokens=mx[i], seed=int(seeds[i])) for i in todo]
-        res = llm.generate(prompts, params, lora_request=LoRARequest("adapter", 1, adapter) if adapter else None)
-        for i, r in zip(todo, res): out[i] = cache.put(keys[i], r.outputs[0].text.strip())
+    if not todo: return out
+    from vllm import SamplingParams
+    from vllm.lora.request import LoRARequest
+    tok = tokenizer_of(base)
+    prompts = {i: chat_prompt_ids(tok, messages[i], system) for i in todo}
+    longest = max(len(prompts[i]) + mx[i] for i in todo)
+    conf = _model_config(base, cfg)
+    text_conf = conf.get_text_config() if hasattr(conf, "get_text_config") else conf
+    kv = cfg.get("decode_kv_gb")
+    rows = decode_rows(conf, longest, int(cfg.get("paraphrase_batch_size", 8)), None if kv in (None, "auto") else float(kv), dtype)
+    args = vllm_engine_args(cfg, str(_model_source(base)), longest, adapter,
+                            getattr(text_conf, "max_position_embeddings", None), rows)
+    def store(idx, texts):
+        for i, t in zip(idx, texts): out[i] = cache.put(keys[i], t.strip())
+    step = 16 * args["max_num_seqs"]                         # stored slice by slice: a killed run keeps its answers
+    slices = ((s, [{"prompt_token_ids": prompts[i]} for i in s],
+               [SamplingParams(temperature=temperature, top_p=top_p, max_tokens=mx[i], seed=int(seeds[i])) for i in s])
+              for s in (todo[k:k + step] for k in range(0, len(todo), step)))
+    _vllm_run(args, slices, LoRARequest("adapter", 1, adapter) if adapter else None, store)
     return out
 
 # %% ../nbs/11_paraphrase.ipynb #2982f6b8
@@ -182,31 +271,34 @@ def resolve_adapter(adapter: str) -> Path:
         raise ComponentUnavailable(f"StealthRL adapter {adapter!r} cannot be loaded ({why})") from None
 
 # %% ../nbs/11_paraphrase.ipynb #11d0459f
-def adapter_spec(base: str, adapter: str, device: str = "auto") -> AdaptedSpec:
+def adapter_spec(base: str, adapter: str, device: str = "auto", dtype: str = "auto") -> AdaptedSpec:
     "Base spec + adapter folder + identity `base_identity+lora:<hash of the adapter files>` (nothing is loaded)."
     from stealth_eval.models import _local_identity, lm_identity
     folder = resolve_adapter(adapter)
-    return AdaptedSpec(base, str(folder), f"{lm_identity(base, device=device)}+lora:{_local_identity(folder)}")
+    return AdaptedSpec(base, str(folder), f"{lm_identity(base, device=device, dtype=dtype)}+lora:{_local_identity(folder)}")
 
 # %% ../nbs/11_paraphrase.ipynb #434098db
 @lru_cache(maxsize=2)
-@lru_cache(maxsize=2)
-def load_adapted_lm(base: str, adapter: str, device: str = "auto"):
-    "A LoadedLM of `base` with the peft LoRA adapter applied (a fresh copy of the base weights; memoised per process)."
+def load_adapted_lm(base: str, adapter: str, device: str = "auto", dtype: str = "auto"):
+    "A LoadedLM of `base` with the peft LoRA adapter applied (a copy of the base weights; memoised per process)."
+    import copy
+    from dataclasses import replace
     from peft import PeftModel
-    from stealth_eval.models import LoadedLM, load_causal_lm
-    spec = adapter_spec(base, adapter, device)
-    fresh = load_causal_lm.__wrapped__(base, device=device)          # not the memoised copy: peft edits modules in place
-    model = PeftModel.from_pretrained(fresh.model, spec.adapter).eval()
+    from stealth_eval.models import load_causal_lm
+    spec = adapter_spec(base, adapter, device, dtype)
+    shared = load_causal_lm(base, device=device, dtype=dtype)                 # M1's memoised model stays as it is:
+    model = PeftModel.from_pretrained(copy.deepcopy(shared.model), spec.adapter).eval()   # peft edits modules in place
     cfg_file = json.loads((Path(spec.adapter) / "adapter_config.json").read_text())
-    meta = {**fresh.meta, "adapter": spec.adapter, "adapter_base": cfg_file.get("base_model_name_or_path")}
-    return LoadedLM(base, spec.identity, model, fresh.tokenizer, fresh.device, meta)
+    meta = {**shared.meta, "adapter": spec.adapter, "adapter_base": cfg_file.get("base_model_name_or_path")}
+    lm = replace(shared, identity=spec.identity, model=model, meta=meta)   # same tokenizer, device and dtype
+    if hasattr(lm, "_head32"): lm._head32 = None                  # nothing derived from the shared model's weights
+    return lm
 
 # %% ../nbs/11_paraphrase.ipynb #dc18a829
 def _identity_of_target(target, cfg) -> str:
-    from stealth_eval.models import LoadedLM, lm_identity
+    from stealth_eval.models import LoadedLM, lm_identity, lm_kwargs
     if isinstance(target, (LoadedLM, AdaptedSpec)): return target.identity
-    return lm_identity(target, device=cfg.get("device", "auto"), trust_remote_code=cfg.get("trust_remote_code", False))
+    return lm_identity(target, **lm_kwargs(cfg))
 
 def log_generations(cfg: dict, records: list):
     "Append candidates to `out_dir/generations.jsonl`, each (dataset, sample_id, method, candidate) at most once."
@@ -356,7 +448,7 @@ def method_m2(items: list, cfg: dict, cache) -> list:
     "M2 StealthRL: the same path with the LoRA adapter `cfg['stealthrl_adapter']` (skipped without one)."
     adapter = cfg.get("stealthrl_adapter")
     if not adapter: raise ComponentUnavailable("no StealthRL adapter given: --set stealthrl_adapter=PATH")
-    spec = adapter_spec(paraphraser_of(cfg), str(adapter), cfg.get("device", "auto"))
+    spec = adapter_spec(paraphraser_of(cfg), str(adapter), cfg.get("device", "auto"), cfg.get("dtype", "auto"))
     return sample_and_select(items, cfg, cache, spec, pool="m2")
 METHODS.register(FunctionMethod(name="m2", fn=method_m2, color="C1", label="StealthRL", model_keys=("paraphraser",),
                                  reference="StealthRL: the paraphraser with its LoRA adapter"))
@@ -366,13 +458,14 @@ AUTHORMIST_MODEL = "authormist/authormist-originality"
 # %% ../nbs/11_paraphrase.ipynb #111229af
 def method_m4(items: list, cfg: dict, cache) -> list:
     "M4 AuthorMist: the published model with its card's prompt (skipped with the reason when it cannot load)."
-    from stealth_eval.models import available_offline, load_causal_lm, offline_mode
+    from stealth_eval.models import available_offline, lm_kwargs, load_causal_lm, offline_mode
     spec = cfg.get("authormist_model") or AUTHORMIST_MODEL
     if offline_mode() and not available_offline(spec):
         raise ComponentUnavailable(f"offline, and {spec!r} is neither a local folder nor in the hub cache")
-    try:
-        lm = load_causal_lm(spec, device=cfg.get("device", "auto"), trust_remote_code=cfg.get("trust_remote_code", False))
-    except (StealthEvalError, OSError) as e:
+    try:   # vLLM loads the weights itself: only the configuration is read here
+        if cfg.get("generation_backend", "transformers") == "vllm": _model_config(spec, cfg); lm = spec
+        else: lm = load_causal_lm(spec, **lm_kwargs(cfg))
+    except (StealthEvalError, OSError, ValueError) as e:
         raise ComponentUnavailable(f"AuthorMist model {spec!r} cannot be loaded: {e}") from None
     return sample_and_select(items, cfg, cache, lm, pool="m4", prompt=AUTHORMIST_PROMPT,
                              temperature=cfg.get("authormist_temperature", 0.7), top_p=cfg.get("authormist_top_p", 0.9))
@@ -537,7 +630,7 @@ def _quiet_progress():
 def token_guided_paraphrase(items: list, cfg: dict, cache, guide: str, score_fn=None) -> list:
     "One token-guided paraphrase per item (a candidate dict), guided by the registry detector `guide` (or `score_fn`)."
     from stealth_eval.components import DETECTORS
-    from stealth_eval.models import chat_prompt_ids, load_causal_lm
+    from stealth_eval.models import chat_prompt_ids, lm_kwargs, load_causal_lm
     spec = paraphraser_of(cfg)
     T, p, k = cfg.get("m3_token_temperature", 0.6), cfg.get("m3_token_top_p", 0.9), cfg.get("m3_token_top_k", 50)
     if score_fn is None:
@@ -554,7 +647,7 @@ def token_guided_paraphrase(items: list, cfg: dict, cache, guide: str, score_fn=
                         system=sha256_text(CHENG_SYSTEM_PROMPT), T=T, top_p=p, top_k=k, version=POOL_VERSION)
         text = cache.get(key)
         if text is None:
-            lm = lm or load_causal_lm(spec, device=cfg.get("device", "auto"))
+            lm = lm or load_causal_lm(spec, **lm_kwargs(cfg))
             tok = lm.tokenizer
             ids = chat_prompt_ids(tok, it["text"], CHENG_SYSTEM_PROMPT) + tok("<TAG> ", add_special_tokens=False).input_ids
             n_src = len(tok(it["text"], add_special_tokens=False).input_ids)

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, fields, replace
 from .core import StealthEvalError
 
 # %% auto #0
-__all__ = ['RUNNER_KEYS', 'setting', 'kind_of', 'type_name', 'accepts', 'SettingsError', 'check_value', 'Section', 'section',
-           'Data', 'Watermark', 'ClassifierOffline', 'Validity', 'Perturbation', 'Shield', 'Polish', 'Acceptance',
-           'Engine', 'Settings', 'settings_rows']
+__all__ = ['RUNNER_KEYS', 'DEVICE_PROFILES', 'DEVICE_KEYS', 'setting', 'kind_of', 'type_name', 'accepts', 'SettingsError',
+           'check_value', 'Section', 'section', 'Data', 'Watermark', 'ClassifierOffline', 'Validity', 'Perturbation',
+           'Shield', 'Polish', 'Acceptance', 'Engine', 'Settings', 'settings_rows']
 
 # %% ../nbs/03_schema.ipynb #c1d89573
 def setting(default, doc: str = "", check: str | None = None, choices: str | None = None, allowed: str = ""):
@@ -283,6 +283,13 @@ class Settings(Section):
     detectors: list[str] = setting(["log_likelihood", "log_rank", "rank", "entropy", "lrr", "fast_detectgpt", "binoculars_single"], "detector panel")
     n_candidates: list[int] = setting([1, 4], "the budget sweep: one pool of max(N) candidates per text serves every N", "count")
     device: str = setting("auto", "torch device", choices=_DEVICE, allowed=_DEVICES)
+    device_profile: str = setting("auto", "whose computation settings the run takes: cpu, gpu (also on a CPU: how CI exercises a GPU run's "
+                                  "branches) or auto (from the device); fills every 'auto' below (DEVICE_PROFILES)",
+                                  choices="auto|cpu|gpu", allowed="auto, cpu or gpu")
+    dtype: str = setting("auto", "weights of the causal LMs (scoring, generation, paraphrase, infill); 'auto': the device profile's",
+                         choices="auto|float32|bfloat16|float16", allowed="auto, float32, bfloat16 or float16")
+    attn_implementation: str = setting("auto", "transformers attention of the causal LMs ('auto': the device profile's)",
+                                       choices="auto|eager|sdpa|flash_attention_2", allowed="auto, eager, sdpa or flash_attention_2")
     generator: str = setting("smollm2-135m-instruct", "writes the AI texts")
     scoring_model: str = setting("gemma-3-270m", "the likelihood-family detectors' LM")
     quality_lm: str = setting("gemma-3-270m", "one fixed LM for the perplexity of every method's outputs")
@@ -302,6 +309,8 @@ class Settings(Section):
     paraphrase_max_new_ratio: float = setting(2.0, "answer budget: this many times the chunk's tokens", "positive")
     paraphrase_batch_size: int = setting(64, "paraphrase rows per batch", "count")
     generation_backend: str = setting("transformers", "generation engine", choices="transformers|vllm", allowed="transformers or vllm")
+    vllm_memory_share: float = setting(0.5, "share of the GPU's memory vLLM's engine takes (weights + its KV cache): 0.5 of 80 GB holds "
+                                       "Qwen3-4B's 8 GB and the 32 GiB decode budget beside the models a stage keeps loaded", "unit")
     stealthrl_adapter: str | None = setting(None, "M2: LoRA adapter folder or hub id (None: M2 is skipped, with the reason)")
     authormist_model: str = setting("authormist/authormist-originality", "M4 (hub)")
     authormist_temperature: float = setting(0.7, "M4 sampling temperature")
@@ -321,9 +330,12 @@ class Settings(Section):
     sanitize: list[str] = setting(["m0", "m5"], "methods whose outputs are also scored after sanitize()")
     score_max_tokens: int = setting(512, "longer texts are truncated for scoring (recorded per row)", "count")
     score_windows: dict[str, int | str] = setting({}, "detector -> its token window ('profile', 'model' or a number)")
-    score_batch_tokens: int | str = setting("auto", "tokens per scoring forward pass ('auto': 8192 on a GPU, one text on the CPU)", "count0", "auto", "auto or a number of tokens")
+    score_batch_tokens: int | str = setting("auto", "tokens per scoring forward pass (0: one unpadded text; 'auto': the device profile's)", "count0", "auto", "auto or a number of tokens")
     score_bucket_tokens: int = setting(64, "padded lengths are multiples of this (a text's batch shape = f(its length))", "count")
-    embed_batch_tokens: int | str = setting("auto", "tokens per embedding pass ('auto': 16384 on a GPU, one text on the CPU)", "count0", "auto", "auto or a number of tokens")
+    embed_batch_tokens: int | str = setting("auto", "tokens per embedding pass (0: one unpadded text; 'auto': the device profile's)", "count0", "auto", "auto or a number of tokens")
+    embed_bucket_tokens: int = setting(32, "padded embedding lengths are multiples of this, capped at the encoder's positions", "count")
+    decode_kv_gb: float | str = setting("auto", "KV-cache memory (GiB) of one decode batch: rows = min(batch size, this / KV bytes per row); 'auto': the device profile's",
+                                        "positive", "auto", "auto or a number of GiB")
     fpr_targets: list[float] = setting([0.01], "false-positive rates, calibrated on human texts only", "unit")
     n_bootstrap: int = setting(1000, "bootstrap resamples of every CI", "count")
     ci_level: float = setting(0.95, "confidence level", "unit")
@@ -346,6 +358,16 @@ class Settings(Section):
     no_cache: bool = setting(False, "recompute everything (the cache is still written)")
 
 RUNNER_KEYS = ("datasets", "methods", "detectors", "n_candidates", "plugins", "profile", "seed", "out_dir", "no_cache")  # own CLI options
+
+# %% ../nbs/03_schema.ipynb #a7d1c0df
+DEVICE_PROFILES = {   # the value of every 'auto' device setting, per device profile
+    "cpu": {"dtype": "float32", "attn_implementation": "sdpa", "score_batch_tokens": 0, "embed_batch_tokens": 0,
+            "decode_kv_gb": 2.0},
+    # an 80 GB GPU: 32 GiB of KV cache is ~140 rows of Qwen3-4B at 1,600 tokens (bf16), beside the weights
+    "gpu": {"dtype": "bfloat16", "attn_implementation": "sdpa", "score_batch_tokens": 8192, "embed_batch_tokens": 16384,
+            "decode_kv_gb": 32.0},
+}
+DEVICE_KEYS = tuple(DEVICE_PROFILES["cpu"])
 
 # %% ../nbs/03_schema.ipynb #974cd9ec
 def settings_rows(obj: Section | None = None) -> list:

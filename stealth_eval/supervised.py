@@ -20,9 +20,9 @@ from .core import (Cache, StealthEvalError, get_logger, progress, sha256_text, s
 # %% auto #0
 __all__ = ['KGW_WATERMARK', 'ROBERTA_OPENAI', 'LM_FEATURES', 'CLASSIFIER_OFFLINE', 'kgw_zscore', 'kgw_detector',
            'generator_tokenizer_config', 'kgw_score_texts', 'KGWDetector', 'resolve_ai_label', 'classifier_config',
-           'classifier_identity', 'classifier_max_tokens', 'load_sequence_classifier', 'classify_texts', 'HFClassifier',
-           'make_tiny_classifier', 'embed_texts', 'offline_features', 'fit_logistic', 'predict_logistic', 'cv_auroc',
-           'training_set', 'OfflineClassifier', 'train_and_score_offline']
+           'classifier_identity', 'load_sequence_classifier', 'classify_texts', 'HFClassifier', 'make_tiny_classifier',
+           'embed_texts', 'offline_features', 'fit_logistic', 'predict_logistic', 'cv_auroc', 'training_set',
+           'OfflineClassifier', 'train_and_score_offline']
 
 # %% ../nbs/22_supervised_watermark.ipynb #2dd4e488
 def kgw_zscore(ids: list, params: dict, model_config, detector=None) -> dict | None:
@@ -143,23 +143,21 @@ def classifier_identity(spec: str, trust_remote_code: bool = False) -> str:
     return f"{spec}@{getattr(classifier_config(spec, trust_remote_code), '_commit_hash', None) or 'unknown-revision'}"
 
 # %% ../nbs/22_supervised_watermark.ipynb #d5774f24
-def classifier_max_tokens(config, tokenizer) -> int:
-    "The longest input (special tokens included): positions, less RoBERTa's padding offset, capped by the tokenizer."
-    n = int(getattr(config, "max_position_embeddings", None) or 512)
-    if "roberta" in config.model_type or config.model_type in ("camembert", "longformer"):
-        n -= int(config.pad_token_id) + 1   # RoBERTa numbers positions from padding_idx + 1
-    if tokenizer.model_max_length and tokenizer.model_max_length < 1_000_000: n = min(n, int(tokenizer.model_max_length))
-    return n
+from .models import encoder_max_tokens as classifier_max_tokens   # positions less RoBERTa's offset (02_models)
 
 # %% ../nbs/22_supervised_watermark.ipynb #fa7176e2
-@lru_cache(maxsize=2)
 def load_sequence_classifier(spec: str, device: str = "auto", trust_remote_code: bool = False) -> tuple:
-    "(model, tokenizer, device) of a sequence classifier (safetensors only; memoised)."
+    "(model, tokenizer, device) of a sequence classifier (safetensors only; loaded once per process, however the call is spelled)."
+    from stealth_eval.models import resolve_device
+    return _load_sequence_classifier(spec, resolve_device(device), bool(trust_remote_code))
+
+@lru_cache(maxsize=2)
+def _load_sequence_classifier(spec: str, device: str, trust_remote_code: bool) -> tuple:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
-    from stealth_eval.models import offline_mode, resolve_device
+    from stealth_eval.models import LOADS, offline_mode
     hf_logging.disable_progress_bar()
-    device = resolve_device(device)
+    LOADS["classifier", spec, device, "float32"] += 1
     src, kw = _classifier_source(spec), dict(trust_remote_code=trust_remote_code, local_files_only=offline_mode())
     get_logger().info(f"loading classifier {spec} on {device}")
     try:
@@ -168,6 +166,8 @@ def load_sequence_classifier(spec: str, device: str = "auto", trust_remote_code:
     except OSError as e:
         raise StealthEvalError(f"could not load classifier {spec!r}: {e}") from e
     return model.to(device).eval(), tok, device
+
+load_sequence_classifier.cache_clear = _load_sequence_classifier.cache_clear
 
 # %% ../nbs/22_supervised_watermark.ipynb #7cf1be34
 def classify_texts(texts: list, spec: str, cfg: dict, cache: Cache) -> dict:
@@ -190,7 +190,7 @@ def _classify(todo: list, spec: str, cfg: dict) -> list:
     budget, granule = scoring_budget(cfg, device)                      # device batches shaped by each text's length
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     bar = progress(total=len(rows), desc=f"classifier {spec}", unit="text")
-    for R, Lb, idx in plan_batches([len(s) for s in seqs], budget, granule):
+    for R, Lb, idx in plan_batches([len(s) for s in seqs], budget, granule, max_len=L):   # never past its positions
         ids, mask = pad_batch([seqs[j] for j in idx], R, Lb, pad)
         with torch.no_grad():
             probs = torch.softmax(model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.double(), -1)
