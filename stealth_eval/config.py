@@ -54,7 +54,8 @@ PROFILE_CHANGES = {
         "shield_mlm": "roberta-base",
         "paraphraser": "Qwen/Qwen3-4B-Instruct-2507",
         "paraphrase_chunk_tokens": 512, "paraphrase_batch_size": 32,
-        "perturbation": {"n_perturbations": 100, "batch_size": 32, "scoring_model": None},  # scored by the panel's LM
+        "perturbation": {"n_perturbations": 100, "batch_size": 128, "fill_batch_tokens": 65536,   # T5-large fills on an 80 GB GPU
+                         "scoring_model": None},  # scored by the panel's LM
         "m3_min_sim": 0.90,
         "methods": ["m0", "m1", "m2", "m3", "m4", "m5"],
         "n_candidates": [1, 2, 4, 8],
@@ -76,7 +77,6 @@ PROFILES = {name: profile_settings(name) for name in PROFILE_CHANGES}
 def registries() -> dict:
     "The dataset, method and detector registries (`stealth_eval.components`; filled by importing their modules: no model loads)."
     return {"dataset": DATASETS, "method": METHODS, "detector": DETECTORS}
-
 
 # %% ../nbs/03_config.ipynb #02ff3339
 _OPTION = {"plugins": "plugin", "n_candidates": "n_candidates"}

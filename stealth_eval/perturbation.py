@@ -18,14 +18,15 @@ from .schema import Perturbation
 from .core import Cache, ComponentUnavailable, StealthEvalError, get_logger, progress, sha256_text, stable_hash
 
 # %% auto #0
-__all__ = ['PERTURB_VERSION', 'PERTURBATION_DEFAULTS', 'MASK', 'DETECTGPT', 'DETECTGPT_D', 'NPR', 'PROXIHUMAN',
-           'DETECTGPT_LMINFILL', 'DETECTGPT_D_LMINFILL', 'NPR_LMINFILL', 'PROXIHUMAN_LMINFILL', 'perturbation_params',
-           'perturbation_scorer', 'mask_spans', 'apply_fills', 'masked_words', 't5_masked_text', 'extract_t5_fills',
-           'load_t5', 't5_fill', 'lm_infill', 'filler_identity', 'perturb_texts', 'perturbation_scores',
-           'proxihuman_distance', 'proxihuman_scores', 'PerturbationDetector', 'make_tiny_t5']
+__all__ = ['PERTURB_VERSION', 'PERTURBATION_DEFAULTS', 'MASK', 'T5_KNOB_DEFAULTS', 'DETECTGPT', 'DETECTGPT_D', 'NPR',
+           'PROXIHUMAN', 'DETECTGPT_LMINFILL', 'DETECTGPT_D_LMINFILL', 'NPR_LMINFILL', 'PROXIHUMAN_LMINFILL',
+           'perturbation_params', 'perturbation_scorer', 'mask_spans', 'apply_fills', 'masked_words', 't5_masked_text',
+           'extract_t5_fills', 'load_t5', 't5_fill_length', 'iter_t5_fill', 't5_fill', 'iter_lm_infill', 'lm_infill',
+           'filler_identity', 't5_knobs', 'perturb_texts', 'perturbation_scores', 'proxihuman_distance',
+           'proxihuman_scores', 'PerturbationDetector', 'make_tiny_t5']
 
 # %% ../nbs/21_perturbation.ipynb #790ffa7a
-PERTURB_VERSION = "perturb-v4"   # bump whenever masking or filling changes: part of every perturbation cache key
+PERTURB_VERSION = "perturb-v5"   # bump whenever masking or filling changes: part of every perturbation cache key
 
 PERTURBATION_DEFAULTS = Perturbation().to_dict()   # defaults and their meaning live in `schema.Perturbation`
 
@@ -96,17 +97,17 @@ def extract_t5_fills(decoded: str) -> list:
 
 # %% ../nbs/21_perturbation.ipynb #c0258e47
 @lru_cache(maxsize=2)
-def load_t5(spec: str, device: str = "auto"):
-    "A T5 span filler (hub id or local folder) and its tokenizer, memoised; `(model, tokenizer, identity, device)`."
+def _load_t5(spec: str, device: str, dtype: str):
+    "The load behind `load_t5`, memoised on canonical arguments: one load per (model, device, dtype) in a process."
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-    from stealth_eval.models import _local_identity, offline_mode, resolve_device
-    device = resolve_device(device)
-    get_logger().info(f"loading {spec} on {device}")
+    from stealth_eval.models import LOADS, _local_identity, offline_mode
+    if dtype not in ("float32", "bfloat16", "float16"): raise ValueError(f"t5 dtype {dtype!r}: float32, bfloat16 or float16")
+    get_logger().info(f"loading {spec} on {device} ({dtype})")
+    LOADS["t5", spec, device, dtype] += 1
     try:
         tok = AutoTokenizer.from_pretrained(spec, local_files_only=offline_mode())
-        model = AutoModelForSeq2SeqLM.from_pretrained(spec, local_files_only=offline_mode(),
-                                                      dtype=torch.float32 if device == "cpu" else torch.bfloat16)
+        model = AutoModelForSeq2SeqLM.from_pretrained(spec, local_files_only=offline_mode(), dtype=getattr(torch, dtype))
     except (OSError, ValueError) as e:   # reported as skipped by the detectors stage, never replaced
         raise ComponentUnavailable(f"could not load the T5 span filler {spec!r} ({str(e).splitlines()[0]}); it must be "
                                    f"a local folder, in the hub cache, or reachable on the hub") from e
@@ -114,25 +115,57 @@ def load_t5(spec: str, device: str = "auto"):
     ident = f"{p.name}@local:{_local_identity(p)}" if p.is_dir() else f"{spec}@{getattr(model.config, '_commit_hash', None)}"
     return model.to(device).eval(), tok, ident, device
 
+# %% ../nbs/21_perturbation.ipynb #e8707814
+def load_t5(spec: str,               # hub id or local folder
+            device: str = "auto",    # "auto": CUDA when available
+            dtype: str = "float32"): # the weights' dtype (`perturbation.t5_dtype`; the reference: float32 unless --half)
+    "A T5 span filler and its tokenizer, loaded once per process; `(model, tokenizer, identity, device)`."
+    from stealth_eval.models import resolve_device
+    return _load_t5(str(spec), resolve_device(device), str(dtype))
+
+# %% ../nbs/21_perturbation.ipynb #76281ef4
+def t5_fill_length(n_masks: int, floor: int = 150, per_span: int = 10) -> int:
+    "A row's decoder length cap: `per_span` tokens a mask plus the start and stop tokens, never below `floor`."
+    return max(int(floor), 2 + int(per_span) * int(n_masks))
+
 # %% ../nbs/21_perturbation.ipynb #7f1394c1
-def t5_fill(t5, jobs: list, seeds: list, top_p: float = 1.0, max_length: int = 150, batch_size: int = 16) -> list:
-    "For each masked token list, the fills sampled by T5 (a list, possibly shorter than the masks: a failed fill)."
+def iter_t5_fill(t5, jobs: list, seeds: list, top_p: float = 1.0,
+                 max_length=150,              # a row's decoder length cap: an int, or one per job
+                 batch_tokens: int = 8192,    # source tokens a batch (0: one unpadded text a batch)
+                 granule: int = 64,           # padded lengths are multiples of this
+                 max_rows: int = 16,          # rows a batch at most
+                 desc: str = "perturbing (T5)"):
+    """Yields `(positions in jobs, fills)` batch by batch: each masked token list's fills sampled by T5 (possibly fewer
+    than its masks: a failed fill). Batch shapes come from each row's own length; a row is cut at its own cap."""
     import torch
-    from stealth_eval.models import SeededSampler
+    from stealth_eval.models import SeededSampler, pad_batch, plan_batches
     model, tok, _, device = t5
-    out = [None] * len(jobs)
-    order = sorted(range(len(jobs)), key=lambda i: len(jobs[i]))
-    for b in range(0, len(order), batch_size):
-        rows = order[b:b + batch_size]
-        src = [t5_masked_text(jobs[i]) for i in rows]
-        stops = [tok.convert_tokens_to_ids(f"<extra_id_{sum(t is MASK for t in jobs[i])}>") for i in rows]
-        enc = tok(src, return_tensors="pt", padding=True).to(device)
-        proc = SeededSampler([seeds[i] for i in rows], 1, top_p=top_p, banned_ids=[tok.pad_token_id], stop_ids=stops,
+    mx = [int(max_length)] * len(jobs) if isinstance(max_length, int) else [int(m) for m in max_length]
+    ids = [tok(t5_masked_text(j)).input_ids for j in jobs]
+    order = sorted(range(len(jobs)), key=lambda i: (mx[i], len(ids[i])))   # similar caps together: fewer idle steps
+    bar = progress(total=len(jobs), desc=desc)
+    for R, L, idx in plan_batches([len(ids[i]) for i in order], batch_tokens, granule, max_rows):
+        rows = [order[k] for k in idx]
+        full = rows + [rows[0]] * (R - len(rows))                            # dummy rows repeat the first
+        enc, mask = pad_batch([ids[i] for i in rows], R, L, tok.pad_token_id)
+        stops = [tok.convert_tokens_to_ids(f"<extra_id_{sum(t is MASK for t in jobs[i])}>") for i in full]
+        proc = SeededSampler([seeds[i] for i in full], 1, top_p=top_p, banned_ids=[tok.pad_token_id], stop_ids=stops,
                              eos_id=tok.eos_token_id)   # per-row seeded nucleus sampling; a row ends after its own stop token
         with torch.no_grad():
-            gen = model.generate(**enc, do_sample=False, max_length=max_length, logits_processor=[proc],
+            gen = model.generate(input_ids=enc.to(device), attention_mask=mask.to(device), do_sample=False,
+                                 max_length=max(mx[i] for i in rows), logits_processor=[proc],
                                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        for r, i in enumerate(rows): out[i] = extract_t5_fills(tok.decode(gen[r], skip_special_tokens=False))
+        yield rows, [extract_t5_fills(tok.decode(gen[r, :mx[i]], skip_special_tokens=False)) for r, i in enumerate(rows)]
+        bar.update(len(rows))
+    bar.close()
+
+# %% ../nbs/21_perturbation.ipynb #20a9a9b0
+def t5_fill(t5, jobs: list, seeds: list, top_p: float = 1.0, max_length=150, batch_tokens: int = 8192,
+            granule: int = 64, max_rows: int = 16) -> list:
+    "For each masked token list, the fills sampled by T5 (`iter_t5_fill`'s batches, collected in the jobs' order)."
+    out = [None] * len(jobs)
+    for rows, fills in iter_t5_fill(t5, jobs, seeds, top_p, max_length, batch_tokens, granule, max_rows):
+        for i, f in zip(rows, fills): out[i] = f
     return out
 
 # %% ../nbs/21_perturbation.ipynb #3c1bc21d
@@ -209,9 +242,9 @@ def _proposal_seed(seed: int, k: int) -> int:
     return int(seed) if k == 0 else row_seed(int(seed), "infill-proposal", k)
 
 # %% ../nbs/21_perturbation.ipynb #715fe894
-def lm_infill(lm, jobs: list, seeds: list, span_length: int = 2, top_p: float = 1.0, fill_max_tokens: int = 12,
-              batch_size: int = 16, desc: str = "infill", proposals: int = 1, lookahead: int = 4) -> list:
-    """For each masked token list, one fill per mask sampled by the causal LM `lm` (unmasked text forced).
+def iter_lm_infill(lm, jobs: list, seeds: list, span_length: int = 2, top_p: float = 1.0, fill_max_tokens: int = 12,
+                   batch_size: int = 16, desc: str = "infill", proposals: int = 1, lookahead: int = 4):
+    """Yields `(positions in jobs, fills)` batch by batch: one fill per mask sampled by the causal LM `lm` (unmasked text forced).
     With `proposals` K > 1, each fill is drawn from K left-context samples with weights p(next `lookahead` tokens)."""
     import torch
     from stealth_eval.models import seeded_sample
@@ -221,7 +254,6 @@ def lm_infill(lm, jobs: list, seeds: list, span_length: int = 2, top_p: float = 
     banned = sorted(set(tok.all_special_ids))
     enc = lambda s: tok(s, add_special_tokens=False).input_ids if s else []
     K, L = max(1, int(proposals)), int(lookahead) if proposals > 1 else 0
-    out = [None] * len(jobs)
     order = sorted(range(len(jobs)), key=lambda i: (sum(t is MASK for t in jobs[i]), len(jobs[i])))
     bar = progress(total=len(jobs), desc=desc)
     for b in range(0, len(order), batch_size):
@@ -266,21 +298,29 @@ def lm_infill(lm, jobs: list, seeds: list, span_length: int = 2, top_p: float = 
                                       torch.tensor([j * F + F - 1]))[0])   # proposal k with probability softmax(w)_k
                 fills[r].append(done[r * K + k]); keep.append(r * K + k); fed[r] = len(look[r])
             hb.select(keep)
-        for r, i in enumerate(rows): out[i] = fills[r]
+        yield rows, fills
         bar.update(B)
     bar.close()
+
+# %% ../nbs/21_perturbation.ipynb #7ad3349d
+def lm_infill(lm, jobs: list, seeds: list, span_length: int = 2, top_p: float = 1.0, fill_max_tokens: int = 12,
+              batch_size: int = 16, desc: str = "infill", proposals: int = 1, lookahead: int = 4) -> list:
+    "For each masked token list, one fill per mask sampled by the causal LM `lm` (`iter_lm_infill`, collected)."
+    out = [None] * len(jobs)
+    for rows, fills in iter_lm_infill(lm, jobs, seeds, span_length, top_p, fill_max_tokens, batch_size, desc, proposals, lookahead):
+        for i, f in zip(rows, fills): out[i] = f
     return out
 
 # %% ../nbs/21_perturbation.ipynb #450bdb74
 def _filler(mode: str, p: dict) -> str: return p["t5_model"] if mode == "t5" else p["infill_model"]
 
 def filler_identity(mode: str, cfg: dict) -> str:
-    "Identity of the span filler for cache keys (loads nothing for embedded aliases and local folders)."
-    from stealth_eval.models import _local_identity, lm_identity
+    "Identity of the span filler for cache keys, loading nothing (local files' hashes, or the hub's commit metadata)."
+    from stealth_eval.models import _local_identity, hub_identity, lm_identity, lm_kwargs
     spec = _filler(mode, perturbation_params(cfg))
-    if mode == "lminfill": return lm_identity(spec, device=cfg["device"], trust_remote_code=cfg["trust_remote_code"])
+    if mode == "lminfill": return lm_identity(spec, **lm_kwargs(cfg))
     q = Path(spec).expanduser()
-    return f"{q.name}@local:{_local_identity(q)}" if q.is_dir() else load_t5(spec, cfg["device"])[2]
+    return f"{q.name}@local:{_local_identity(q)}" if q.is_dir() else hub_identity(spec)
 
 # %% ../nbs/21_perturbation.ipynb #a5203f1e
 def _fit_words(text: str, tok, max_tokens: int) -> tuple:
@@ -294,50 +334,62 @@ def _fit_words(text: str, tok, max_tokens: int) -> tuple:
         else: hi = mid - 1
     return " ".join(words[:lo]), True
 
+# %% ../nbs/21_perturbation.ipynb #2e3730db
+T5_KNOB_DEFAULTS = {"t5_tokens_per_span": 10, "t5_dtype": "float32", "fill_batch_tokens": 8192}   # until `schema.Perturbation` has them
+
+def t5_knobs(p: dict) -> dict:
+    "The T5 fill's length, dtype and batching settings from the perturbation settings `p` (`T5_KNOB_DEFAULTS` if unset)."
+    return {k: type(v)(p.get(k, v)) for k, v in T5_KNOB_DEFAULTS.items()}
+
+# %% ../nbs/21_perturbation.ipynb #aff12db8
 def perturb_texts(texts: list, mode: str, cfg: dict, cache: Cache) -> dict:
     "sha256(text) -> {'source': text as perturbed, 'truncated': bool, 'perturbed': [str or None] * n_perturbations}."
-    from stealth_eval.models import load_causal_lm, row_seed
+    from stealth_eval.models import load_causal_lm, lm_kwargs, row_seed
     if mode not in ("t5", "lminfill"): raise ValueError(f"unknown filler {mode!r}: 't5' or 'lminfill'")
     p = perturbation_params(cfg)
-    n, ident = int(p["n_perturbations"]), filler_identity(mode, cfg)
+    n, ident, kn = int(p["n_perturbations"]), filler_identity(mode, cfg), t5_knobs(p)
     keep = ("span_length", "pct_words_masked", "buffer_size", "mask_top_p") + (
         ("t5_max_length", "t5_max_input_tokens", "max_attempts") if mode == "t5" else ("fill_max_tokens", "infill_proposals", "infill_lookahead"))
-    settings = {k: p[k] for k in keep}
+    settings = {k: p[k] for k in keep} | ({k: kn[k] for k in ("t5_tokens_per_span", "t5_dtype")} if mode == "t5" else {})
     uniq = {sha256_text(t): t for t in texts}
     keys = {(h, i): cache.key("perturbation", filler=mode, model=ident, text=h, i=i, seed=cfg["seed"], version=PERTURB_VERSION,
                               **settings) for h in uniq for i in range(n)}
-    seed, device, trc, max_attempts = cfg["seed"], cfg["device"], cfg["trust_remote_code"], int(p.get("max_attempts", 1))
-    def compute(todo):   # (text, i) pairs; each draws its masks and fills with its own seeds, retried up to max_attempts
+    seed, max_attempts = cfg["seed"], int(p.get("max_attempts", 1))
+    def compute(todo):   # (text, i) pairs; yields (positions, values) of each fill batch's finished pairs as it ends
         if mode == "t5":
-            filler = load_t5(p["t5_model"], device); tok, window = filler[1], int(p["t5_max_input_tokens"])
+            filler = load_t5(p["t5_model"], cfg["device"], kn["t5_dtype"]); tok, window = filler[1], int(p["t5_max_input_tokens"])
+            fill = lambda jobs, seeds: iter_t5_fill(
+                filler, jobs, seeds, p["mask_top_p"], [t5_fill_length(sum(t is MASK for t in j), p["t5_max_length"], kn["t5_tokens_per_span"]) for j in jobs],
+                kn["fill_batch_tokens"], int(cfg.get("score_bucket_tokens", 64)), int(p["batch_size"]))
         else:
-            filler = load_causal_lm(p["infill_model"], device=device, trust_remote_code=trc)
+            filler = load_causal_lm(p["infill_model"], **lm_kwargs(cfg))
             tok, window = filler.tokenizer, filler.max_length // 2        # half the context: room for the fills
+            fill = lambda jobs, seeds: iter_lm_infill(
+                filler, jobs, seeds, int(p["span_length"]), p["mask_top_p"], int(p["fill_max_tokens"]), int(p["batch_size"]),
+                desc=f"perturbing ({p['infill_model']} infill)", proposals=int(p["infill_proposals"]), lookahead=int(p["infill_lookahead"]))
         src = {h: _fit_words(uniq[h], tok, window) for h in sorted({h for h, _ in todo})}
-        res, pending = {}, {hi: 0 for hi in todo}   # -> attempt number
+        n_words = {h: len(s.split(" ")) for h, (s, _) in src.items()}
+        pos = {hi: k for k, hi in enumerate(todo)}
+        pending = {hi: 0 for hi in todo}   # -> attempt number
         while pending:
-            jobs, ids = [], []
+            jobs, ids, short = [], [], []
             for (h, i), a in sorted(pending.items()):
                 toks = mask_spans(src[h][0], p["span_length"], p["pct_words_masked"], p["buffer_size"],
                                   row_seed(seed, h, "perturb-mask", i, a))
-                if toks is None:   # too short for one span: no perturbation can exist
-                    res[h, i] = {"text": None, "n_words": len(src[h][0].split(" ")), "attempts": a + 1}
+                if toks is None: short.append((h, i))   # too short for one span: no perturbation can exist
                 else: jobs.append(toks); ids.append((h, i))
-            seeds = [row_seed(seed, h, "perturb-fill", i, pending[h, i]) for h, i in ids]
-            if mode == "t5":
-                fills = t5_fill(filler, jobs, seeds, p["mask_top_p"], int(p["t5_max_length"]), int(p["batch_size"]))
-            else:
-                fills = lm_infill(filler, jobs, seeds, int(p["span_length"]), p["mask_top_p"], int(p["fill_max_tokens"]),
-                                  int(p["batch_size"]), desc=f"perturbing ({p['infill_model']} infill)",
-                                  proposals=int(p["infill_proposals"]), lookahead=int(p["infill_lookahead"]))
+            if short: yield [pos[hi] for hi in short], [{"text": None, "n_words": n_words[hi[0]], "attempts": pending[hi] + 1} for hi in short]
             nxt = {}
-            for (h, i), toks, f in zip(ids, jobs, fills):
-                text = apply_fills(toks, f)
-                if text is None and pending[h, i] + 1 < max_attempts: nxt[h, i] = pending[h, i] + 1; continue
-                res[h, i] = {"text": text, "n_words": len(src[h][0].split(" ")), "attempts": pending[h, i] + 1}
-            if nxt: get_logger().info(f"{len(nxt)} T5 fills had too few spans: drawing again")
+            for rows, fills in fill(jobs, [row_seed(seed, h, "perturb-fill", i, pending[h, i]) for h, i in ids]):
+                done = []
+                for r, f in zip(rows, fills):
+                    hi, a = ids[r], pending[ids[r]]
+                    text = apply_fills(jobs[r], f)
+                    if text is None and a + 1 < max_attempts: nxt[hi] = a + 1    # redrawn in the next round
+                    else: done.append((hi, {"text": text, "n_words": n_words[hi[0]], "attempts": a + 1}))
+                if done: yield [pos[hi] for hi, _ in done], [v for _, v in done]   # stored now: a kill keeps them
+            if nxt: get_logger().info(f"{len(nxt)} fills had too few spans: drawing again")
             pending = nxt
-        return [res[hi] for hi in todo]
     got = cache.fetch(keys, compute)
     out = {}
     for h, t in uniq.items():
@@ -400,7 +452,8 @@ def proxihuman_scores(texts: list, mode: str, cfg: dict, cache: Cache) -> dict:
         if d is None: miss.append((h, k, [v["source"]] + pt, base))
         else: out[h] = {"proxihuman": d, **base}
     if miss:
-        emb = load_embedder(cfg["embedder"], device=cfg["device"], batch_tokens=cfg.get("embed_batch_tokens", "auto"))
+        emb = load_embedder(cfg["embedder"], device=cfg["device"], batch_tokens=cfg.get("embed_batch_tokens", "auto"),
+                            bucket_tokens=cfg.get("embed_bucket_tokens", 32))
         for h, k, group, base in progress(miss, desc="proxihuman: embedding"):
             E = emb.encode(group)
             out[h] = {"proxihuman": cache.put(k, proxihuman_distance(E[0], E[1:], p["proxihuman_k"])), **base}

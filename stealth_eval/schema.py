@@ -211,6 +211,10 @@ class Perturbation(Section):
     t5_model: str = setting("t5-large", "span-filling model of the paper (hub id or local folder)")
     t5_max_length: int = setting(150, "T5 output length cap (reference generate(max_length=150))", "count")
     t5_max_input_tokens: int = setting(512, "T5 window: longer sources are cut at a word boundary (recorded)", "count")
+    t5_tokens_per_span: int = setting(10, "T5 length cap per mask: a row's cap is max(t5_max_length, 2 + this * masks)", "count")
+    t5_dtype: str = setting("float32", "T5 weights on every device (the reference: float32 unless --half)",
+                            choices="float32|bfloat16|float16", allowed="float32, bfloat16 or float16")
+    fill_batch_tokens: int = setting(8192, "T5 fills: source tokens per batch, rows = min(batch_size, this / padded length); 0: one unpadded text a batch", "count0")
     infill_model: str = setting("smollm2-135m-instruct", "causal LM of the offline variant (*_lminfill)")
     fill_max_tokens: int = setting(12, "causal-LM infill: at most this many tokens per span", "count")
     infill_proposals: int = setting(1, "causal-LM infill: proposals per span, one kept by its fit to the right context", "count")
