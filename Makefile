@@ -47,3 +47,10 @@ lab: install
 
 bench: install
 	$(BIN)/python bench/bench.py $(ARGS)
+
+# The paper pipeline on real-width stand-ins (every width, head count, vocabulary and position limit of the paper's
+# models; 1-2 blocks) with the GPU's settings, end to end on the CPU: `artifacts/rehearsal/rehearsal_report.md` has the
+# measured stage times and the predicted H100 time of the paper run (06_rehearsal).
+.PHONY: rehearse
+rehearse: install
+	$(BIN)/stealth-eval --profile rehearsal --set rehearsal.scale=layers device_profile=gpu --offline --out_dir artifacts/rehearsal $(ARGS)

@@ -8,19 +8,24 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
 import time
+from functools import lru_cache
 from pathlib import Path
 
 from .core import StealthEvalError, atomic_write_text, deep_merge, get_logger, read_json, user_cache_dir, write_json
 
 # %% auto #0
-__all__ = ['REAL_CONFIGS', 'STANDS_FOR', 'TOKENIZER_KIND', 'CHAT_TEMPLATE', 'MARKER', 'SHARED_WEIGHTS', 'BANNER', 'REDUCED_RUN',
-           'real_config', 'model_config', 'count_params', 'make_word_tokenizer', 'rehearsal_dir',
-           'build_rehearsal_model', 'build_rehearsal_models', 'rehearsal_scale', 'rehearsal_config', 'banner',
-           'watermark', 'mark_text_artifacts', 'StageMonitor', 'measure_models', 'rehearsal_report', 'finish_rehearsal']
+__all__ = ['REAL_CONFIGS', 'STANDS_FOR', 'TOKENIZER_KIND', 'SCALES', 'CHAT_TEMPLATE', 'MARKER', 'SHARED_WEIGHTS', 'BANNER',
+           'REDUCED_RUN', 'LAYERS_RUN', 'H100', 'PAPER_SIZES', 'real_config', 'model_config', 'count_params',
+           'make_word_tokenizer', 'rehearsal_dir', 'build_rehearsal_model', 'build_rehearsal_models', 'rehearsal_scale',
+           'rehearsal_config', 'banner', 'watermark', 'mark_text_artifacts', 'StageMonitor', 'measure_models',
+           'param_split', 'flops_per_token', 'attention_flops', 'weight_bytes', 'prefill_seconds', 'decode_seconds',
+           'paper_workload', 'predict_seconds', 'cpu_layer_rows', 'cost_section', 'rehearsal_report',
+           'finish_rehearsal']
 
 # %% ../nbs/06_rehearsal.ipynb #c882805a
 REAL_CONFIGS = {
@@ -102,14 +107,21 @@ def real_config(name: str) -> dict:
     c = REAL_CONFIGS[name]
     return copy.deepcopy(REAL_CONFIGS[c] if isinstance(c, str) else c)
 
+# %% ../nbs/06_rehearsal.ipynb #b7e1a9c2
+_LAYERS = {   # scale 'layers': the real configuration with only these depths changed
+    "falcon": {"num_hidden_layers": 1}, "qwen3": {"num_hidden_layers": 1}, "qwen2": {"num_hidden_layers": 1},
+    "t5": {"num_layers": 2, "num_decoder_layers": 2}, "roberta": {"num_hidden_layers": 2}, "bert": {"num_hidden_layers": 2},
+}
+SCALES = ("full", "layers", "reduced")
+
 # %% ../nbs/06_rehearsal.ipynb #f3cb2340
 def model_config(name: str, scale: str = "full", token_ids: dict | None = None):
-    "A transformers config of `name` at `scale` ('full': the real shape; 'reduced': small width and depth, same vocab)."
+    "A transformers config of `name` at `scale` ('full': the real shape; 'layers': real but shallow; 'reduced': small)."
     from transformers import AutoConfig
-    if scale not in ("full", "reduced"): raise StealthEvalError(f"rehearsal scale must be 'full' or 'reduced', got {scale!r}")
+    if scale not in SCALES: raise StealthEvalError(f"rehearsal scale must be one of {', '.join(SCALES)}, got {scale!r}")
     d = real_config(name)
     kind = d.pop("model_type")
-    if scale == "reduced": d.update(_REDUCED[kind])
+    d.update({"reduced": _REDUCED, "layers": _LAYERS}.get(scale, {}).get(kind, {}))
     d.update(token_ids or {})
     return AutoConfig.for_model(kind, **d)
 
@@ -229,7 +241,7 @@ def build_rehearsal_model(name: str, folder, scale: str = "full", seed: int = 0,
             n_params = count_params(name, scale)
         else:
             dev = device or ("cuda" if scale == "full" and torch.cuda.is_available() else "cpu")
-            dtype = torch.bfloat16 if scale == "full" and kind in _BF16_CHECKPOINTS else torch.float32   # as the hub's files
+            dtype = torch.bfloat16 if scale != "reduced" and kind in _BF16_CHECKPOINTS else torch.float32   # as the hub's files
             log.info(f"building the rehearsal stand-in {name} ({scale}, random weights) on {dev}")
             torch.manual_seed(seed)
             with torch.device(dev):
@@ -274,6 +286,15 @@ REDUCED_RUN = {   # sample sizes of a CPU rehearsal: a smoke test of the paper c
     "n_bootstrap": 100, "n_examples": 4,
 }
 
+LAYERS_RUN = {    # sample sizes of the 'layers' rehearsal: real widths, the paper's windows and batch shapes, few texts
+    "data": {"n_per_class": 3, "min_tokens": 350, "max_tokens": 720, "n_train_per_class": 3},   # 385, 714, 445 tokens (seed 0)
+    "n_candidates": [1, 2], "homoglyph_rates": [0.01],
+    "perturbation": {"n_perturbations": 2, "max_attempts": 2},   # random T5 fills parse less often than trained ones
+    "paraphrase_max_new_ratio": 0.5,    # random models never stop: budgets of half a chunk, not two chunks
+    "shield": {"random_p": [0.1], "swap_p": [0.1], "rounds": [5]}, "polish": {"degrees": ["minor"], "percents": [10]},
+    "n_bootstrap": 100, "n_examples": 4,
+}
+
 def _replace_hub_ids(node, folders: dict):
     "Every string value equal to a replaced hub id becomes the stand-in's folder (nested sections included)."
     by_id = {STANDS_FOR[n]: str(f) for n, f in folders.items()}
@@ -282,14 +303,14 @@ def _replace_hub_ids(node, folders: dict):
     return by_id.get(node, node) if isinstance(node, str) else node
 
 def rehearsal_scale(scale: str = "auto", device: str = "auto") -> str:
-    "'auto' -> 'full' on CUDA, 'reduced' otherwise."
+    "'auto' -> 'full' on CUDA, 'layers' (real widths, shallow) otherwise."
     if scale != "auto": return scale
     from stealth_eval.models import resolve_device
-    return "full" if resolve_device(device).startswith("cuda") else "reduced"
+    return "full" if resolve_device(device).startswith("cuda") else "layers"
 
 # %% ../nbs/06_rehearsal.ipynb #75e46eae
 def rehearsal_config(cfg: dict, overrides: dict | None = None) -> dict:
-    "The rehearsal profile made concrete: stand-ins built and swapped in, CPU sample sizes when reduced."
+    "The rehearsal profile made concrete: stand-ins built and swapped in, CPU sample sizes below 'full'."
     ov = dict(overrides or {})
     r = dict(cfg.get("rehearsal") or {})
     scale = rehearsal_scale(ov.get("rehearsal.scale", r.get("scale", "auto")), ov.get("device", cfg.get("device", "auto")))
@@ -297,7 +318,7 @@ def rehearsal_config(cfg: dict, overrides: dict | None = None) -> dict:
     used = {n for n, hub in STANDS_FOR.items() if hub in json.dumps(cfg)}
     folders = build_rehearsal_models(scale=scale, seed=seed, names=[n for n in REAL_CONFIGS if n in used])
     out = _replace_hub_ids(cfg, folders)
-    if scale == "reduced": out = deep_merge(out, REDUCED_RUN)
+    out = deep_merge(out, {"reduced": REDUCED_RUN, "layers": LAYERS_RUN}.get(scale, {}))
     out["rehearsal"] = {**r, "scale": scale, "seed": seed, "banner": BANNER, "models": {n: str(f) for n, f in folders.items()}}
     return out
 
@@ -413,7 +434,8 @@ def measure_models(cfg: dict, texts: list, new_tokens: int | None = None, n_prom
             if spec in inv: row["params_m"] = round(read_json(Path(spec) / MARKER)["n_params"] / 1e6, 1)
             _free(dev); _peak_reset(dev)
             if keys[0] == "embedder":
-                emb = models.load_embedder(spec, device=dev)
+                emb = models.load_embedder(spec, device=dev, batch_tokens=cfg.get("embed_batch_tokens", "auto"),
+                                           bucket_tokens=int(cfg.get("embed_bucket_tokens", 32)))   # the run's settings
                 t0 = time.perf_counter(); emb.encode(texts); dt = time.perf_counter() - t0
                 row.update(what="embed (encode)", items=len(texts), seconds=round(dt, 2), per_s=round(len(texts) / dt, 1), unit="texts/s")
             elif keys[0] == "classifier_model":
@@ -425,7 +447,7 @@ def measure_models(cfg: dict, texts: list, new_tokens: int | None = None, n_prom
                     t0 = time.perf_counter(); classify_texts(texts, spec, cfg, Cache(d)); dt = time.perf_counter() - t0
                 row.update(what="classify (length-shaped batches, fresh cache)", items=n, seconds=round(dt, 2), per_s=round(n / dt, 1), unit="tokens/s")
             elif set(keys) & {"generator", "paraphraser", "authormist_model"} and not set(keys) & {"scoring_model", "quality_lm"}:
-                lm = models.load_causal_lm(spec, device=dev)
+                lm = models.load_causal_lm(spec, **models.lm_kwargs(cfg))
                 prompts = [lm.tokenizer(t, add_special_tokens=False).input_ids[:64] for t in texts[:n_prompts]]
                 t0 = time.perf_counter()
                 outs = models.sample_continuations(lm, prompts, list(range(len(prompts))), new_tokens, new_tokens, temperature=1.0,
@@ -435,7 +457,7 @@ def measure_models(cfg: dict, texts: list, new_tokens: int | None = None, n_prom
                 row.update(what=f"generate ({len(prompts)} prompts x {new_tokens} new tokens)", items=n, seconds=round(dt, 2),
                            per_s=round(n / dt, 1), unit="new tokens/s")
             else:
-                lm = models.load_causal_lm(spec, device=cfg["device"], trust_remote_code=cfg["trust_remote_code"])  # score_texts' copy
+                lm = models.load_causal_lm(spec, **models.lm_kwargs(cfg))  # score_texts' copy
                 n = sum(min(len(lm.tokenizer(t).input_ids), int(cfg["score_max_tokens"])) for t in texts)
                 with tempfile.TemporaryDirectory() as d:
                     t0 = time.perf_counter(); detectors.score_texts(texts, spec, cfg, Cache(d)); dt = time.perf_counter() - t0
@@ -446,6 +468,221 @@ def measure_models(cfg: dict, texts: list, new_tokens: int | None = None, n_prom
         rows.append(row)
     _free(dev)
     return rows
+
+# %% ../nbs/06_rehearsal.ipynb #ad7c5a14
+H100 = {"name": "H100 SXM 80 GB", "peak_tflops": 989.0,   # dense bf16 tensor-core peak (no sparsity)
+        "mfu": 0.40,                                      # share of the peak that prefill/scoring reaches (assumed)
+        "hbm_tb_s": 3.35,                                 # HBM3 bandwidth
+        "bw_eff": 0.60,                                   # share of the bandwidth that a decode step reaches (assumed)
+        "fp32_tflops": 67.0}                              # float32 without TF32 (PyTorch's default for matmuls): T5, RoBERTa, E5
+
+# %% ../nbs/06_rehearsal.ipynb #90bbf45e
+_BLOCK = re.compile(r"^(.*?)\.(\d+)\.")   # 'transformer.h.3.mlp...' -> stack 'transformer.h', block 3
+
+@lru_cache(maxsize=None)
+def param_split(name: str, scale: str = "full") -> dict:
+    "Parameters by part on the meta device: embedding, output head (its matmul, tied or not), blocks per stack, other."
+    import torch, transformers
+    cfg = model_config(name, scale)
+    with torch.device("meta"): m = getattr(transformers, cfg.architectures[0])(cfg)
+    emb = {id(p) for p in m.get_input_embeddings().parameters()}
+    head = m.get_output_embeddings() if hasattr(m, "get_output_embeddings") else None
+    out = {"embedding": 0, "head": head.weight.numel() if head is not None else 0, "other": 0, "stacks": {}}
+    for n, p in m.named_parameters():                    # tied tensors once
+        b = _BLOCK.match(n)
+        if id(p) in emb: out["embedding"] += p.numel()
+        elif head is not None and p is head.weight: pass  # an untied head: counted in 'head'
+        elif b: out["stacks"].setdefault(b.group(1), {}).setdefault(b.group(2), 0); out["stacks"][b.group(1)][b.group(2)] += p.numel()
+        else: out["other"] += p.numel()
+    out["stacks"] = {k: (len(v), sum(v.values()) / len(v)) for k, v in out["stacks"].items()}   # (blocks, parameters per block)
+    out["tied"] = head is not None and id(head.weight) in emb
+    out["total"] = sum(p.numel() for p in m.parameters())
+    return out
+
+# %% ../nbs/06_rehearsal.ipynb #e5dee5d0
+def flops_per_token(name: str,
+                    stacks=None,            # the stacks a token passes (default: all; T5: 'encoder.block' or 'decoder.block')
+                    logits: bool = True,    # the output head runs on this token (scoring: every token)
+                    layers: int | None = None) -> float:   # blocks per stack (default: the real depth)
+    "Forward FLOPs per token, 2 x the matmul parameters it meets (blocks + head); attention scores apart."
+    s = param_split(name)
+    blocks = sum((l if layers is None else layers) * n for k, (l, n) in s["stacks"].items() if stacks is None or k in stacks)
+    return 2.0 * (blocks + (s["head"] if logits else 0))
+
+# %% ../nbs/06_rehearsal.ipynb #8842ad16
+def _attn_dims(name: str) -> tuple:
+    "(blocks, query width = heads x head_dim, key/value width) of the real configuration."
+    c = model_config(name)
+    heads = getattr(c, "num_attention_heads", None) or c.num_heads
+    hd = getattr(c, "head_dim", None) or getattr(c, "d_kv", None) or c.hidden_size // heads
+    kv = 1 if getattr(c, "multi_query", False) and not getattr(c, "new_decoder_architecture", False) else \
+        getattr(c, "num_key_value_heads", None) or heads
+    return (getattr(c, "num_hidden_layers", None) or c.num_layers), heads * hd, kv * hd
+
+def attention_flops(name: str, seq_len: int) -> float:
+    "Attention-score FLOPs of one sequence: 4 x blocks x (heads x head_dim) x L^2 (QK^T and AV, no causal saving)."
+    n, d, _ = _attn_dims(name)
+    return 4.0 * n * d * seq_len ** 2
+
+# %% ../nbs/06_rehearsal.ipynb #17cd0d97
+def weight_bytes(name: str) -> int:
+    "Bytes per weight in a paper run on a GPU: bf16 for the causal LMs (the gpu profile's dtype), float32 for T5, RoBERTa, E5."
+    return 2 if real_config(name)["model_type"] in _BF16_CHECKPOINTS else 4
+
+def prefill_seconds(name: str, n_seqs: int, seq_len: float, hw: dict = H100, logits: bool = True, stacks=None) -> float:
+    "Predicted time of `n_seqs` forward passes of `seq_len` tokens: FLOPs / (peak of the weights' dtype x MFU)."
+    f = n_seqs * (seq_len * flops_per_token(name, stacks, logits) + attention_flops(name, seq_len))
+    return f / ((hw["peak_tflops"] if weight_bytes(name) == 2 else hw["fp32_tflops"]) * 1e12 * hw["mfu"])
+
+# %% ../nbs/06_rehearsal.ipynb #1a9d036c
+def decode_seconds(name: str, rows: int, prompt_len: float, new_tokens: float, batch: int, hw: dict = H100,
+                   stacks=None) -> float:   # T5: ('decoder.block',)
+    "Predicted time of the decode steps (prefill apart): steps x max(bytes read / bandwidth, FLOPs / compute) per step."
+    import math
+    b = weight_bytes(name)
+    steps = math.ceil(rows / batch) * new_tokens
+    ctx = prompt_len + new_tokens / 2                                 # mean context of a step
+    from stealth_eval.models import kv_bytes_per_token
+    byt = param_split(name)["total"] * b + batch * ctx * kv_bytes_per_token(model_config(name), "bfloat16" if b == 2 else "float32")
+    flops = batch * (flops_per_token(name, stacks) + attention_flops(name, ctx) / ctx)
+    return steps * max(byt / (hw["hbm_tb_s"] * 1e12 * hw["bw_eff"]),
+                       flops / ((hw["peak_tflops"] if b == 2 else hw["fp32_tflops"]) * 1e12 * hw["mfu"]))
+
+# %% ../nbs/06_rehearsal.ipynb #3be63639
+PAPER_SIZES = {   # the spec's sizes the paper profile does not fix (stealthrl_evaluation_spec.md section 3.1)
+    "n_per_class": 1000,    # MAGE: 1000 human + 1000 AI texts
+    "mean_tokens": 300,     # the 100-500-token window's middle
+    "prompt_overhead": 60,  # chat template and instruction around a paraphrased text
+    "generate_ai": False,   # MAGE's AI texts are given: the data stage generates nothing
+}
+
+def _name_of(spec) -> str | None:
+    "The REAL_CONFIGS name of a hub id or a stand-in folder (None for anything else)."
+    inv = {v: k for k, v in STANDS_FOR.items()}
+    if spec is None: return None
+    return Path(str(spec)).name if Path(str(spec)).name in REAL_CONFIGS else inv.get(str(spec))
+
+# %% ../nbs/06_rehearsal.ipynb #3031c284
+def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
+    "The model work of a run of `cfg` at the spec's sizes: one row per (stage, what, model) with its sequences and tokens."
+    import math
+    z = {**PAPER_SIZES, **(sizes or {})}
+    N, T, K = z["n_per_class"], z["mean_tokens"], max(cfg["n_candidates"])
+    ns, meths, dets, pt = cfg["n_candidates"], set(cfg["methods"]), set(cfg["detectors"]), cfg["perturbation"]
+    lm, para, emb = _name_of(cfg["scoring_model"]), _name_of(cfg["paraphraser"]), _name_of(cfg["embedder"])
+    t5, am = _name_of(pt["t5_model"]), _name_of(cfg.get("authormist_model")) or "authormist-originality-rehearsal-standin"
+    S, W = min(T, cfg["score_max_tokens"]), min(T, 512)
+    rows = []
+    def add(stage, what, model, kind, n, L, new=0, batch=1):
+        if model and n: rows.append({"stage": stage, "what": what, "model": model, "kind": kind, "seqs": int(n),
+                                     "tokens": float(L), "new_tokens": float(new), "batch": int(batch)})
+    def batch_of(model, L):   # decode rows: the paraphrase batch, capped by the gpu profile's KV budget (models.decode_rows)
+        from stealth_eval.models import decode_rows
+        from stealth_eval.schema import DEVICE_PROFILES
+        kv = cfg.get("decode_kv_gb", "auto")
+        return decode_rows(model_config(model), L, cfg.get("paraphrase_batch_size", 32), DEVICE_PROFILES["gpu"]["decode_kv_gb"] if kv == "auto" else kv)
+    if z["generate_ai"]:
+        g = _name_of(cfg["generator"])
+        add("00_data", "AI continuations", g, "decode", N, cfg["data"]["prompt_tokens"], T, batch_of(g, T))
+    pools = [(m, para if m != "m4" else am) for m in ("m1", "m2", "m4") if m in meths or m == "m1" and "m3" in meths]
+    for m, model in pools:
+        P = T + z["prompt_overhead"]
+        add("10_methods", f"{m} pool of {K} ({'adapter' if m == 'm2' else 'base'})", model, "decode", N * K, P, T, batch_of(model, P + T))
+        add("10_methods", f"{m} pool similarity", emb, "prefill", N * K + N, W)
+    if "m3" in meths:   # guided selection over M1's pool: the guides' forward passes
+        add("10_methods", "m3 guide: roberta_openai", _name_of(cfg.get("classifier_model")), "prefill", N * K, W)
+        add("10_methods", "m3 guide: likelihood panel", lm, "prefill", N * K, S)
+    m1_pool = len(ns) * (("m1" in meths) + len(cfg.get("m3_guides", [])) * ("m3" in meths))   # M1's and M3's picks: one pool
+    n_out = {"m0": 1, "m1": min(K, m1_pool), "m2": min(K, len(ns)), "m4": min(K, len(ns)), "m5": len(cfg.get("homoglyph_rates", []))}
+    if "m3" in meths: meths = meths | {"m1"}                          # M3's outputs are texts of M1's pool
+    texts = N + N * sum(v for m, v in n_out.items() if m in meths)     # human + every condition's distinct outputs (upper bound)
+    texts += N * n_out["m5"] * ("m5" in meths and "m5" in (cfg.get("sanitize") or []))   # sanitized homoglyph texts
+    if "roberta_openai" in dets: add("20_detectors", "roberta_openai", _name_of(cfg.get("classifier_model")), "prefill", texts, W)
+    if dets & {"log_likelihood", "log_rank", "rank", "entropy", "lrr", "fast_detectgpt"}:
+        add("20_detectors", "likelihood panel (one pass)", lm, "prefill", texts, S)
+    if "binoculars" in dets:
+        add("20_detectors", "binoculars observer", _name_of(cfg["binoculars_observer"]), "prefill", texts, W)
+        add("20_detectors", "binoculars performer", _name_of(cfg["binoculars_performer"]), "prefill", texts, W)
+    if dets & {"detectgpt", "npr", "proxihuman"}:
+        n_p, fill = texts * pt["n_perturbations"], min(pt["t5_max_length"], math.ceil((pt["span_length"] + 1) * pt["pct_words_masked"] * T / (pt["span_length"] + 2 * pt["buffer_size"])) + 1)
+        add("20_detectors", "T5 fills: encoder", t5, "prefill_encoder", n_p, min(T, pt["t5_max_input_tokens"]))
+        add("20_detectors", "T5 fills: decoder", t5, "decode_decoder", n_p, min(T, pt["t5_max_input_tokens"]), fill, pt["batch_size"])
+        add("20_detectors", "perturbed texts scored", _name_of(pt.get("scoring_model")) or lm, "prefill", n_p, S)
+    add("25_quality", "perplexity", _name_of(cfg["quality_lm"]), "prefill", texts - N, S)
+    add("25_quality", "similarity", emb, "prefill", texts, W)
+    return rows
+
+# %% ../nbs/06_rehearsal.ipynb #d4e2f934
+def predict_seconds(row: dict, hw: dict = H100) -> float:
+    "Predicted H100 seconds of one workload row (`paper_workload`)."
+    m, n, L = row["model"], row["seqs"], row["tokens"]
+    if row["kind"] == "prefill": return prefill_seconds(m, n, L, hw)
+    if row["kind"] == "prefill_encoder": return prefill_seconds(m, n, L, hw, logits=False, stacks=("encoder.block",))
+    if row["kind"] == "decode_decoder": return decode_seconds(m, n, L, row["new_tokens"], row["batch"], hw, stacks=("decoder.block",))
+    return prefill_seconds(m, n, L, hw) + decode_seconds(m, n, L, row["new_tokens"], row["batch"], hw)
+
+# %% ../nbs/06_rehearsal.ipynb #12a8357c
+def _depth(name: str, scale: str) -> int:
+    c = model_config(name, scale)
+    return getattr(c, "num_hidden_layers", None) or c.num_layers
+
+def cpu_layer_rows(model_rows: list, scale: str) -> list:
+    "Each measured model's cost per block and for embedding + head (split by FLOP share), and at full depth by scaling."
+    out = []
+    for r in model_rows:
+        name = r.get("model")
+        if name not in REAL_CONFIGS or not r.get("per_s") or scale == "reduced": continue
+        d, D = _depth(name, scale), _depth(name, "full")
+        logits = r["unit"] != "texts/s" and "classify" not in r.get("what", "")   # embeddings and the classifier: no vocabulary head
+        f_head = flops_per_token(name, logits=logits, layers=d) - flops_per_token(name, logits=False, layers=d)
+        f_all = flops_per_token(name, logits=logits, layers=d)
+        ms = 1e3 / r["per_s"]                                                 # ms per unit (token, or text for embeddings)
+        blk, head = ms * (f_all - f_head) / f_all / d, ms * f_head / f_all
+        out.append({"model": name, "depth": d, "real_depth": D, "unit": r["unit"].replace("/s", ""), "ms": ms,
+                    "gflops": f_all * r["per_s"] / 1e9 if r["unit"] != "texts/s" else None,
+                    "ms_block": blk, "ms_head": head, "ms_full": blk * D + head,
+                    "h100_ms": 1e3 * prefill_seconds(name, 1, 1) if r["unit"] != "texts/s" else None})
+    return out
+
+# %% ../nbs/06_rehearsal.ipynb #36cf50c2
+def cost_section(cfg: dict, model_rows: list, sizes: dict | None = None, hw: dict = H100) -> list:
+    "The report's cost model: the PREDICTED H100 time of the paper run per stage, beside the CPU's measured per-block costs."
+    from stealth_eval.config import PROFILES
+    paper = PROFILES["paper"].to_dict()          # the paper profile: its own models and sizes
+    z = {**PAPER_SIZES, **(sizes or {})}
+    rows = [{**w, "seconds": predict_seconds(w, hw)} for w in paper_workload(paper, z)]
+    by = {}
+    for w in rows: by[w["stage"]] = by.get(w["stage"], 0.0) + w["seconds"]
+    tot = sum(by.values()) or 1.0
+    L = ["## PREDICTION: the paper run's time on one H100 (a cost model, not a measurement)", "",
+         f"Predicted from the real configurations and the token counts of the paper profile at the spec's sizes "
+         f"({z['n_per_class']} human + {z['n_per_class']} AI texts of {z['mean_tokens']} tokens on average, pools of "
+         f"{max(paper['n_candidates'])} candidates, {paper['perturbation']['n_perturbations']} perturbations per scored text). "
+         f"Prefill and scoring: FLOPs = 2 x (block + head parameters) x tokens + 4 x blocks x (heads x head_dim) x L^2 per "
+         f"sequence, at {hw['mfu']:.0%} of {hw['peak_tflops']:.0f} TFLOP/s (bf16 dense; float32 models at "
+         f"{hw['fp32_tflops']:.0f} TFLOP/s: TF32 is off by default in PyTorch). Decode: steps x max(bytes of weights + KV "
+         f"cache / ({hw['bw_eff']:.0%} of {hw['hbm_tb_s']} TB/s), FLOPs / compute) per step, with the batch the KV budget allows. "
+         "Trained paraphrasers are assumed to stop at the source length; distinct outputs per condition are upper bounds "
+         "(every budget's choice counted as a new text); each scored text is perturbed.", "",
+         f"| stage | predicted H100 hours | share |", "|---|---|---|"]
+    L += [f"| {k} | {v / 3600:.2f} | {100 * v / tot:.0f}% |" for k, v in by.items()]
+    L += [f"| **total** | **{tot / 3600:.1f}** | 100% |", "",
+          "| stage | work | model | sequences | tokens each | new tokens | batch | predicted H100 hours |", "|---|---|---|---|---|---|---|---|"]
+    L += [f"| {w['stage']} | {w['what']} | {w['model']} | {w['seqs']:,} | {w['tokens']:.0f} | {w['new_tokens']:.0f} | "
+          f"{w['batch'] if w['kind'].startswith('decode') else '–'} | {w['seconds'] / 3600:.3f} |" for w in rows]
+    scale = (cfg.get("rehearsal") or {}).get("scale")
+    cl = cpu_layer_rows(model_rows, scale)
+    if cl:
+        L += ["", f"### Measured on this machine at the `{scale}` shapes, scaled to full depth", "",
+              "Each model's measured time per token (per text for the embedder) is split into its blocks and its embedding "
+              "+ output head by their FLOP shares; full depth = per-block cost x real blocks + embedding/head cost. The "
+              "H100 column is the same cost model's prefill time per token at full depth (a PREDICTION).", "",
+              "| model | blocks measured | measured ms / unit | achieved GFLOP/s | ms per block | ms embedding + head | "
+              "full depth ms / unit (blocks) | H100 predicted ms / unit |", "|---|---|---|---|---|---|---|---|"]
+        fmt = lambda v, p=3: "–" if v is None else f"{v:.{p}f}"
+        L += [f"| {c['model']} | {c['depth']} | {fmt(c['ms'])} / {c['unit'].split()[-1]} | {fmt(c['gflops'], 0)} | "
+              f"{fmt(c['ms_block'])} | {fmt(c['ms_head'])} | {fmt(c['ms_full'])} ({c['real_depth']}) | {fmt(c['h100_ms'], 4)} |" for c in cl]
+    return L
 
 # %% ../nbs/06_rehearsal.ipynb #cce0ed57
 def _machine(cfg: dict) -> str:
@@ -488,8 +725,12 @@ def rehearsal_report(info: dict, cfg: dict, model_rows: list) -> str:
               "- Peak memory per stage is polled from the runner (RSS of the stage's kernel; GPU memory in use, all "
               "processes); per model it is `torch.cuda.max_memory_allocated` on CUDA, the process's peak RSS on the CPU "
               "(cumulative over the models measured so far).",
-              "- On the CPU the rehearsal runs at reduced shapes and sample sizes: a smoke test of the paper pipeline, "
-              "not a cost estimate."]
+              {"reduced": "- At the reduced shapes (hidden 64) the rehearsal is a smoke test of the paper pipeline, not a "
+                          "cost estimate.",
+               "layers": "- At the `layers` shapes every width, head count, vocabulary and position limit is real and only "
+                         "the depth is 1-2 blocks: the per-block costs below scale to full depth; the sample sizes are a CPU's.",
+               }.get(r.get("scale"), "- At full shapes the per-model figures are the real models' costs on this machine.")]
+    lines += [""] + cost_section(cfg, model_rows)
     return "\n".join(lines) + "\n"
 
 # %% ../nbs/06_rehearsal.ipynb #6fa73f21

@@ -1,15 +1,22 @@
 """The rehearsal profile: the paper configuration on random-weight stand-ins of its models (nbs/06_rehearsal).
 
 The end-to-end test runs the reduced shapes on the CPU through the command line with tiny samples and checks that every
-artifact says REHEARSAL; the parameter test builds the full configurations on the meta device (nothing allocated).
+artifact says REHEARSAL; the parameter tests build the full and 'layers' configurations on the meta device (nothing
+allocated); the cost-model tests check the predicted FLOPs and bytes against the parameter counts. The slow test runs
+`make rehearse`'s command (the 'layers' stand-ins under the gpu profile) when STEALTH_EVAL_REHEARSE=1.
 """
 import json
+import os
+import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from conftest import read_json, run_cli
-from stealth_eval.rehearsal import BANNER, MARKER, REAL_CONFIGS, STANDS_FOR, count_params, make_word_tokenizer
+from stealth_eval.rehearsal import BANNER, MARKER, REAL_CONFIGS, STANDS_FOR, count_params, make_word_tokenizer, model_config
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # parameters of the real models (tied embeddings counted once), in billions
 EXPECTED_B = {"falcon-7b": (6.9, 7.2), "falcon-7b-instruct": (6.9, 7.2), "qwen3-4b-instruct-2507": (3.95, 4.1),
@@ -37,7 +44,8 @@ def test_tokenizer_covers_the_vocabulary_and_round_trips():
     assert tok(tok.decode(ids), add_special_tokens=False).input_ids == ids
 
 
-REHEARSAL_ARGS = ["--set", "data.n_per_class=2", "perturbation.n_perturbations=2", "n_bootstrap=20",
+# one --set for all: the runner's `--set` (nargs="+") keeps only the last occurrence
+REHEARSAL_ARGS = ["--set", "device=cpu", "rehearsal.scale=reduced", "data.n_per_class=2", "perturbation.n_perturbations=2", "n_bootstrap=20",
                   "data.max_tokens=70", "paraphrase_chunk_tokens=48", "paraphrase_max_new_ratio=1.0",
                   "--n_candidates", "1",
                   "--detectors", "roberta_openai", "log_likelihood", "fast_detectgpt", "detectgpt", "binoculars"]
@@ -46,8 +54,7 @@ REHEARSAL_ARGS = ["--set", "data.n_per_class=2", "perturbation.n_perturbations=2
 @pytest.fixture(scope="module")
 def rehearsal_run(tmp_path_factory):
     out, store = tmp_path_factory.mktemp("rehearsal_run"), tmp_path_factory.mktemp("rehearsal_store")
-    p = run_cli("--profile", "rehearsal", "--out_dir", out, "--offline", "--cache_dir", store, "--set", "device=cpu",
-                *REHEARSAL_ARGS)
+    p = run_cli("--profile", "rehearsal", "--out_dir", out, "--offline", "--cache_dir", store, *REHEARSAL_ARGS)
     return {"out": out, "stdout": p.stdout, "stderr": p.stderr}
 
 
@@ -80,7 +87,148 @@ def test_every_rehearsal_artifact_says_so(rehearsal_run):
     assert (out / "figures" / "fig_heatmap_t1f.png").stat().st_size > 0
     report = (out / "rehearsal_report.md").read_text()
     assert report.splitlines()[0] == f"# {BANNER}"
+    assert "## PREDICTION: the paper run's time on one H100" in report and "| 20_detectors |" in report
     for stage in info["stages"]: assert f"| {stage} | ok |" in report
     rows = {m["model"]: m for m in info["rehearsal_models"]}
     assert rows["falcon-7b"]["per_s"] > 0 and rows["qwen3-4b-instruct-2507"]["unit"] == "new tokens/s"
     assert rows["e5-base-v2"]["per_s"] > 0 and rows["roberta-large-openai-detector"]["per_s"] > 0
+
+
+# ---------------------------------------------------------------- scale 'layers': real widths, 1-2 blocks
+DEPTH_KEYS = {"num_hidden_layers", "num_layers", "num_decoder_layers"}
+
+
+def _meta_model(name, scale):
+    import torch, transformers
+    cfg = model_config(name, scale)
+    with torch.device("meta"): return getattr(transformers, cfg.architectures[0])(cfg)
+
+
+@pytest.mark.parametrize("name", sorted(REAL_CONFIGS))
+def test_layers_configs_are_the_real_ones_but_shallow(name):
+    full, lay = model_config(name, "full").to_dict(), model_config(name, "layers").to_dict()
+    changed = {k for k in full if full[k] != lay.get(k)}
+    if "layer_types" in changed:    # derived from the depth: the real per-block types, as many as there are blocks
+        assert lay["layer_types"] == full["layer_types"][:len(lay["layer_types"])]; changed.discard("layer_types")
+    assert changed and changed <= DEPTH_KEYS, changed
+    assert all(lay[k] in (1, 2) for k in changed)
+    assert count_params(name, "layers") < count_params(name, "full")
+
+
+def test_layers_tensors_have_the_real_shapes():
+    f = _meta_model("falcon-7b", "layers")   # 71 query heads of 64 on one key/value head (multi-query), vocab 65,024
+    assert len(f.transformer.h) == 1 and tuple(f.transformer.h[0].self_attention.query_key_value.weight.shape) == (4544 + 2 * 64, 4544)
+    assert tuple(f.transformer.word_embeddings.weight.shape) == (65024, 4544) and f.config.num_attention_heads == 71
+    assert 0.49e9 < count_params("falcon-7b", "layers") < 0.52e9
+    q = _meta_model("qwen3-4b-instruct-2507", "layers")
+    a = q.model.layers[0].self_attn
+    assert (a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features) == (32 * 128, 8 * 128, 8 * 128)
+    assert q.lm_head.weight.shape[0] == 151936 and q.config.max_position_embeddings == 262144 and len(q.model.layers) == 1
+    assert tuple(_meta_model("e5-base-v2", "layers").embeddings.position_embeddings.weight.shape) == (512, 768)
+    r = _meta_model("roberta-large-openai-detector", "layers")
+    assert tuple(r.roberta.embeddings.position_embeddings.weight.shape) == (514, 1024) and len(r.roberta.encoder.layer) == 2
+    t = _meta_model("t5-large", "layers")     # relative attention: 32 buckets x 16 heads in the first block of each stack
+    assert len(t.encoder.block) == len(t.decoder.block) == 2
+    assert tuple(t.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.shape) == (32, 16)
+    assert tuple(t.decoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.shape) == (32, 16)
+
+
+def test_the_cpu_default_scale_is_layers():
+    from stealth_eval.rehearsal import rehearsal_scale
+    assert rehearsal_scale("auto", "cpu") == "layers" and rehearsal_scale("auto", "cuda") == "full"
+    assert rehearsal_scale("reduced", "cpu") == "reduced"
+
+
+def test_layers_tokenizer_has_the_real_vocabulary_size():
+    from stealth_eval.rehearsal import build_rehearsal_model
+    import tempfile
+    folder = build_rehearsal_model("e5-base-v2", Path(tempfile.mkdtemp()) / "e5-base-v2", "layers")
+    from transformers import AutoConfig, AutoTokenizer
+    assert len(AutoTokenizer.from_pretrained(folder)) == AutoConfig.from_pretrained(folder).vocab_size == 30522
+    assert AutoConfig.from_pretrained(folder).num_hidden_layers == 2 and read_json(folder / MARKER)["scale"] == "layers"
+
+
+# ---------------------------------------------------------------- the cost model
+@pytest.mark.parametrize("name", sorted(REAL_CONFIGS))
+def test_cost_model_parts_add_up_to_the_parameter_count(name):
+    from stealth_eval.rehearsal import flops_per_token, param_split
+    s = param_split(name)
+    blocks = sum(n * p for n, p in s["stacks"].values())
+    assert s["embedding"] + s["other"] + (0 if s["tied"] else s["head"]) + blocks == count_params(name)
+    assert flops_per_token(name) == pytest.approx(2 * (blocks + s["head"]))
+
+
+def test_cost_model_flops_per_token_of_the_paper_models():
+    from stealth_eval.rehearsal import flops_per_token
+    assert flops_per_token("falcon-7b") == pytest.approx(2 * 6.92e9, rel=0.01)             # ~1.4e10 per scored token
+    assert flops_per_token("falcon-7b") == pytest.approx(2 * count_params("falcon-7b"), rel=1e-5)   # tied head: every weight once
+    assert flops_per_token("qwen3-4b-instruct-2507") == pytest.approx(2 * count_params("qwen3-4b-instruct-2507"), rel=1e-5)
+    # the 'layers' stand-in costs one block + the head: the depth scaling the report states
+    one, full = flops_per_token("falcon-7b", layers=1), flops_per_token("falcon-7b")
+    assert (full - one) / 31 == pytest.approx(one - flops_per_token("falcon-7b", layers=0))
+    assert one == pytest.approx(2 * count_params("falcon-7b", "layers"), rel=1e-4)   # all but the final norm
+
+
+def test_cost_model_decode_is_bandwidth_bound_at_batch_one_and_compute_bound_when_large():
+    from stealth_eval.rehearsal import H100, decode_seconds, flops_per_token
+    w = count_params("qwen3-4b-instruct-2507") * 2 / (H100["hbm_tb_s"] * 1e12 * H100["bw_eff"])
+    assert decode_seconds("qwen3-4b-instruct-2507", 1, 1, 100, 1) == pytest.approx(100 * w, rel=0.01)
+    big = decode_seconds("qwen3-4b-instruct-2507", 4096, 1, 1, 4096)     # one step of 4096 rows: FLOPs dominate
+    assert big >= 4096 * flops_per_token("qwen3-4b-instruct-2507") / (H100["peak_tflops"] * 1e12 * H100["mfu"])
+    assert big > 10 * w
+
+
+def test_cost_model_workload_of_the_paper_profile():
+    from stealth_eval.config import PROFILES
+    from stealth_eval.rehearsal import paper_workload, predict_seconds
+    paper = PROFILES["paper"].to_dict()
+    rows = {r["what"]: r for r in paper_workload(paper)}
+    assert rows["m1 pool of 8 (base)"]["seqs"] == 8000 and rows["m1 pool of 8 (base)"]["model"] == "qwen3-4b-instruct-2507"
+    assert rows["m4 pool of 8 (base)"]["model"] == "authormist-originality-rehearsal-standin"
+    scored = rows["likelihood panel (one pass)"]["seqs"]
+    # human + M0 + M1/M3's pool (8) + M2 (4 budgets) + M4 (4) + M5 and its sanitized texts (4 + 4): per 1000 texts
+    assert scored == 1000 * (1 + 1 + 8 + 4 + 4 + 4 + 4)
+    assert rows["T5 fills: encoder"]["seqs"] == rows["perturbed texts scored"]["seqs"] == 100 * scored
+    fewer = {r["what"]: r for r in paper_workload({**paper, "perturbation": {**paper["perturbation"], "n_perturbations": 10}})}
+    assert predict_seconds(fewer["perturbed texts scored"]) == pytest.approx(predict_seconds(rows["perturbed texts scored"]) / 10)
+
+
+def test_cost_model_scales_the_measured_blocks_to_full_depth():
+    from stealth_eval.rehearsal import cpu_layer_rows, param_split
+    c = cpu_layer_rows([{"model": "qwen3-4b-instruct-2507", "per_s": 50.0, "unit": "tokens/s", "what": "score"}], "layers")[0]
+    assert c["ms_block"] + c["ms_head"] == pytest.approx(20.0)
+    assert c["ms_full"] == pytest.approx(36 * c["ms_block"] + c["ms_head"])
+    s = param_split("qwen3-4b-instruct-2507")
+    assert c["ms_head"] / c["ms_block"] == pytest.approx(s["head"] / s["stacks"]["model.layers"][1])
+    assert cpu_layer_rows([{"model": "falcon-7b", "per_s": 50.0, "unit": "tokens/s"}], "reduced") == []   # not real widths
+
+
+# ---------------------------------------------------------------- `make rehearse`: real widths end to end (slow)
+def _make_rehearse_args():
+    "The stealth-eval arguments of the Makefile's `rehearse` recipe (so the test runs what `make rehearse` runs)."
+    m = re.search(r"^rehearse:.*\n\t\$\(BIN\)/stealth-eval (.+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert m, "Makefile has no `rehearse` target"
+    args = m.group(1).replace("$(ARGS)", "").split()
+    i = args.index("--out_dir"); del args[i:i + 2]
+    return args
+
+
+@pytest.mark.skipif(os.environ.get("STEALTH_EVAL_REHEARSE") != "1",
+                    reason="slow (its scoring stage ran past 20 min on 2 cores, ~10 GB RAM): the paper pipeline on real-width 1-2-block stand-ins; "
+                           "set STEALTH_EVAL_REHEARSE=1 to run it (what `make rehearse` runs)")
+def test_make_rehearse_runs_every_stage_at_real_widths(tmp_path):
+    out = tmp_path / "out"
+    p = run_cli(*_make_rehearse_args(), "--out_dir", out, "--cache_dir", tmp_path / "store", timeout=3600)
+    cfg, info = read_json(out / "config.json"), read_json(out / "run_info.json")
+    assert cfg["rehearsal"]["scale"] == "layers" and cfg["device_profile"] == "gpu" and cfg["dtype"] == "bfloat16"
+    assert cfg["score_batch_tokens"] > 0 and cfg["embed_batch_tokens"] > 0
+    assert info["stages"] and all(st["status"] == "ok" for st in info["stages"].values()), info["stages"]
+    data = [json.loads(l) for f in (out / "data").glob("*.jsonl") if ".train." not in f.name for l in f.read_text().splitlines() if l.strip()]
+    assert max(d["n_tokens"] for d in data) > 512       # the E5 / RoBERTa 512-position limits are exercised
+    s = pd.read_parquet(out / "scores.parquet")
+    assert set(s["detector_name"]) == set(cfg["detectors"])
+    assert {"m0", "m1", "m3", "m4", "m5"} <= set(s["method"]) and read_json(out / "skipped.json")["methods"].keys() == {"m2"}
+    q = pd.read_parquet(out / "quality.parquet")
+    assert q["sim"].notna().all() and q["sim_e5"].notna().all()   # every output's E5 similarity
+    report = (out / "rehearsal_report.md").read_text()
+    assert "## PREDICTION" in report and "| falcon-7b | 1 |" in report and "at the `layers` shapes" in report
