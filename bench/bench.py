@@ -319,10 +319,10 @@ def main():
     ap.add_argument("--n", type=int, default=None, help="--pipeline: data.n_per_class of the runs")
     args = ap.parse_args()
     from stealth_eval.models import resolve_device
-    from stealth_eval.rehearsal import build_rehearsal_models, rehearsal_scale
+    from stealth_eval.rehearsal import build_rehearsal_models
     device = resolve_device(args.device)
     cuda = device.startswith("cuda")
-    scale = rehearsal_scale(args.scale, device)
+    scale = args.scale if args.scale != "auto" else ("full" if device.startswith("cuda") else "reduced")   # CPU: a smoke test
     pick = lambda v, g, c: v if v is not None else (g if cuda else c)
     base = Path(args.out); shutil.rmtree(base, ignore_errors=True); base.mkdir(parents=True)
     report = {"machine": machine(device), "device": device, "scale": scale, "paths": [],
