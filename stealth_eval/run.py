@@ -8,8 +8,12 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
+import signal
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from .config import PIPELINE
@@ -17,12 +21,14 @@ from .core import (StealthEvalError, file_sha256, get_logger, git_commit, packag
                                project_root, read_json, write_json)
 
 # %% auto #0
-__all__ = ['EXIT_OK', 'EXIT_INTERNAL', 'EXIT_USER', 'EXIT_INTERRUPTED', 'OFFLINE_ENV', 'DATASET_SUFFIXES', 'STAGE_TAG',
-           'build_parser', 'check_offline', 'RunInterrupted', 'check_dataset_args', 'usable_dir', 'kernel_problem',
-           'stage_notebook', 'run_pipeline', 'readme_from_index', 'report_main', 'cache_report', 'cache_main', 'main']
+__all__ = ['EXIT_OK', 'EXIT_INTERNAL', 'EXIT_USER', 'EXIT_INTERRUPTED', 'EXIT_TERMINATED', 'OFFLINE_ENV', 'DATASET_SUFFIXES',
+           'STAGE_TAG', 'INTERRUPT_GRACE_S', 'build_parser', 'check_offline', 'RunInterrupted', 'StageFailed',
+           'check_dataset_args', 'usable_dir', 'kernel_problem', 'stage_notebook', 'InterruptGuard', 'interrupt_guard',
+           'user_error_names', 'RunLog', 'run_pipeline', 'readme_from_index', 'report_main', 'cache_report',
+           'cache_main', 'main']
 
 # %% ../nbs/90_run.ipynb #8de8dc29
-EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED = 0, 1, 2, 130   # exit status: ok, internal error, user error, Ctrl-C
+EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143   # ok, bug, user error, SIGINT, SIGTERM
 
 def build_parser() -> argparse.ArgumentParser:
     from stealth_eval.config import PROFILES
@@ -32,8 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 "site of a run (nbconvert, no Quarto); `stealth-eval docs [--site_dir DIR]` builds the library documentation "
                                 "offline (a page per notebook; default _docs/); `stealth-eval cache verify|prune [--cache_dir DIR]` checks or cleans the "
                                 "content cache; `stealth-eval readme` rewrites README.md from nbs/index.ipynb. "
-                                "Exit status: 0 done, 1 internal error (a bug: please report it), 2 user error (the message says "
-                                "what to change), 130 interrupted (finished work is kept; the same command resumes).")
+                                "Exit status: 0 done, 1 internal error (a bug: please report it; the traceback is in the run folder's "
+                                "run.log), 2 user error (the message says what to change), 130 interrupted (Ctrl-C) and 143 terminated "
+                                "(SIGTERM): finished work is kept and the same command resumes.")
     from stealth_eval import __version__
     p.add_argument("--version", action="version", version=f"stealth-eval {__version__}")
     p.add_argument("--profile", default="embedded", choices=list(PROFILES), help="defaults for models and sizes (default: embedded, offline)")
@@ -43,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n_candidates", nargs="+", type=int, metavar="N", help="candidate budgets (default: the profile's)")
     p.add_argument("--out_dir", default="artifacts", help="run folder (default: artifacts/ under the project root)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default: 0)")
-    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="overrides",
+    p.add_argument("--set", nargs="+", default=[], action="extend", metavar="KEY=VALUE", dest="overrides",
                    help="override configuration values, e.g. --set data.n_per_class=50 homoglyph_rates=[0.01]")
     p.add_argument("--cache_dir", default=None, help="content cache folder (default: ~/.cache/stealth_eval/store)")
     p.add_argument("--no_cache", action="store_true", help="recompute everything (neither read nor write the content cache)")
@@ -84,8 +91,15 @@ DATASET_SUFFIXES = (".jsonl", ".csv", ".parquet")
 
 # %% ../nbs/90_run.ipynb #d3fc4568
 class RunInterrupted(Exception):
-    "Ctrl-C during a stage (`stage` names it)."
-    def __init__(self, stage: str): super().__init__(stage); self.stage = stage
+    "Ctrl-C or SIGTERM during a run: `where` says when (`in stage 10_methods`), `signum` which signal."
+    def __init__(self, stage: str | None, signum: int = signal.SIGINT, where: str | None = None):
+        self.stage, self.signum = stage, signum
+        self.where = where or (f"in stage {stage}" if stage else "before the first stage")
+        super().__init__(self.where)
+
+# %% ../nbs/90_run.ipynb #1c9a0879
+class StageFailed(Exception):
+    "An unexpected exception inside a stage (a bug, not a user error): exit 1, its traceback in the notebook and run log."
 
 # %% ../nbs/90_run.ipynb #048b9971
 def check_dataset_args(datasets):
@@ -142,31 +156,169 @@ def stage_notebook(path):
     nb.cells = [c for c in nb.cells if keep(c)]
     return nb
 
+# %% ../nbs/90_run.ipynb #1c00f085
+class InterruptGuard:
+    "SIGINT and SIGTERM for a whole run: the handler only records the signal; the run acts on it between its steps."
+    def __init__(self): self.signum, self.count, self.since, self._old = None, 0, None, {}
+    def _handle(self, signum, frame):
+        self.count += 1
+        if self.signum != signal.SIGTERM: self.signum = signum       # SIGTERM wins: the run must end now
+        if self.since is None: self.since = time.monotonic()
+    def install(self) -> bool:
+        "Take over both signals (only the main thread can); False where that is not possible."
+        if threading.current_thread() is not threading.main_thread(): return False
+        for s in (signal.SIGINT, signal.SIGTERM): self._old[s] = signal.signal(s, self._handle)
+        return True
+    def restore(self):
+        for s, h in self._old.items(): signal.signal(s, h)
+        self._old = {}
+    def check(self, stage: str | None = None, where: str | None = None):
+        "Raise `RunInterrupted` if a signal came."
+        if self.signum is not None: raise RunInterrupted(stage, self.signum, where)
+
+# %% ../nbs/90_run.ipynb #40f766a2
+_GUARD: InterruptGuard | None = None
+
+@contextmanager
+def interrupt_guard():
+    "The run's `InterruptGuard`, installed for the block (an inner block reuses the outer one)."
+    global _GUARD
+    if _GUARD is not None:
+        yield _GUARD
+        return
+    g = _GUARD = InterruptGuard()
+    installed = g.install()
+    try: yield g
+    finally:
+        _GUARD = None
+        if installed: g.restore()
+
+# %% ../nbs/90_run.ipynb #101f0ad0
+def user_error_names() -> set:
+    "Class names of the user errors (`StealthEvalError` and every subclass, plugins' included), as a kernel reports them."
+    names, todo = set(), [StealthEvalError]
+    while todo:
+        c = todo.pop()
+        if c.__name__ not in names: names.add(c.__name__); todo += c.__subclasses__()
+    return names
+
+# %% ../nbs/90_run.ipynb #8baeb92b
+def _kernel_pid(kms: list) -> int | None:
+    "The pid of the newest live kernel started by these kernel managers."
+    for km in reversed(kms):
+        proc = getattr(getattr(km, "provisioner", None), "process", None)
+        if proc is not None and proc.returncode is None: return proc.pid
+    return None
+
+def _signal_kernel(pid: int, signum: int):
+    "Send `signum` to the kernel's process group (Jupyter starts each kernel in a session of its own)."
+    try: os.killpg(pid, signum)
+    except ProcessLookupError: pass
+    except PermissionError:
+        try: os.kill(pid, signum)
+        except OSError: pass
+
+# %% ../nbs/90_run.ipynb #147c483e
+INTERRUPT_GRACE_S = 10.0   # seconds a forwarded Ctrl-C may take before the stage kernel is stopped
+
+class _StageStopped(Exception):
+    "Raised by the hook before a cell when the run was interrupted: papermill starts no further cell."
+
+def _execute_stage(guard: InterruptGuard, nb: str, src, dst: Path, params: dict, log_stream=None):
+    """Execute one stage notebook with papermill in a worker thread while this (the main) thread waits, free to act on
+    signals: a Ctrl-C goes to the kernel while a cell runs, no cell starts after one, SIGTERM stops the kernel."""
+    import logging
+    import papermill as pm
+    from jupyter_client import AsyncKernelManager
+    kms, running, result, done = [], {}, {}, threading.Event()
+    def quiet(record) -> bool:             # after a signal, papermill's news (the kernel we stopped died) go to run.log
+        if guard.signum is None: return True
+        if log_stream: log_stream.write(f"papermill: {record.getMessage()}\n")
+        return False
+    class StageKernelManager(AsyncKernelManager):
+        def __init__(self, *a, **k): super().__init__(*a, **k); kms.append(self)
+    def before_cell(cell_index, **_):
+        if guard.signum is not None: raise _StageStopped(nb)
+        running["cell"] = (cell_index, time.monotonic())
+    def after_cell(**_): running.pop("cell", None)
+    def work():
+        try:
+            pm.execute_notebook(src, str(dst), parameters=params, kernel_name="python3", cwd=str(project_root()),
+                                progress_bar=False, log_output=True, extra_arguments=["--IPKernelApp.log_level=CRITICAL"],
+                                stdout_file=log_stream, stderr_file=log_stream, kernel_manager_class=StageKernelManager,
+                                on_cell_execute=before_cell, on_cell_executed=after_cell)
+        except BaseException as e: result["error"] = e
+        finally: done.set()
+    pm_log = logging.getLogger("papermill")
+    pm_log.addFilter(quiet)
+    threading.Thread(target=work, name=f"stage {nb}", daemon=True).start()
+    sent, stopped, stopping_since = None, {}, None
+    try:
+        while not done.wait(0.05):
+            if guard.signum is None: continue
+            now, pid, cell = time.monotonic(), _kernel_pid(kms), running.get("cell")
+            if guard.signum == signal.SIGTERM or guard.count > 1 or now - guard.since > INTERRUPT_GRACE_S:
+                stopping_since = stopping_since or now
+                if pid and pid not in stopped: _signal_kernel(pid, signal.SIGTERM); stopped[pid] = now
+                for p, t in list(stopped.items()):
+                    if t and now - t > 1.0: _signal_kernel(p, signal.SIGKILL); stopped[p] = 0
+                if now - stopping_since > 15: break      # papermill did not notice: leave its (daemon) thread behind
+            elif pid and cell and (sent is None or sent[0] != cell or now - sent[1] > 2.0):
+                _signal_kernel(pid, signal.SIGINT); sent = (cell, now)   # again if the kernel was between cells
+    finally: pm_log.removeFilter(quiet)
+    if "error" in result: raise result["error"]
+
+# %% ../nbs/90_run.ipynb #4977c619
+class RunLog:
+    "`run.log` of a run folder, appended: the runner's log lines, the stages' output and the tracebacks (thread-safe)."
+    def __init__(self, path: Path):
+        import logging
+        self.path, self._lock = Path(path), threading.Lock()
+        self._f = open(self.path, "a", encoding="utf-8")
+        self.handler = logging.StreamHandler(self)
+        self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
+    def write(self, s: str):
+        with self._lock:
+            if not self._f.closed: self._f.write(s)
+    def flush(self):
+        with self._lock:
+            if not self._f.closed: self._f.flush()
+    def traceback(self, title: str, lines):
+        "Append a traceback (a list of lines, terminal colours removed) under a title line."
+        import re
+        text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(l.rstrip("\n") for l in lines))
+        self.write(f"---- {title}\n{text}\n"); self.flush()
+    def close(self):
+        with self._lock: self._f.close()
+
 # %% ../nbs/90_run.ipynb #a995ff89
-def _run_stages(nbs: Path, out: Path, params: dict, info: dict, mon=None):
+def _run_stages(nbs: Path, out: Path, params: dict, info: dict, mon=None, guard: InterruptGuard | None = None,
+                run_log: RunLog | None = None):
     "Execute the stage notebooks in order with papermill, recording each stage's status in run_info.json."
     import papermill as pm
-    log = get_logger()
+    log, guard, users = get_logger(), guard or InterruptGuard(), user_error_names()
     for nb in PIPELINE:
-        t0 = time.time()
+        t0, executed = time.time(), out / "notebooks" / f"{nb}.ipynb"
+        if guard.signum is not None:                     # came between stages, or while the last one's outputs were written
+            _stage_status(info, out, nb, "interrupted", t0)
+            guard.check(nb, f"before stage {nb}")
         log.info(f"stage {nb} ...")
         if mon: mon.start()
-        try:
-            pm.execute_notebook(stage_notebook(nbs / f"{nb}.ipynb"), str(out / "notebooks" / f"{nb}.ipynb"), parameters=params,
-                                kernel_name="python3", cwd=str(project_root()), progress_bar=False, log_output=True,
-                                extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
-        except KeyboardInterrupt:
-            _stage_status(info, out, nb, "interrupted", t0)
-            raise RunInterrupted(nb) from None
-        except pm.PapermillExecutionError as e:
-            if e.ename == "KeyboardInterrupt":    # the kernel got the interrupt first
+        try: _execute_stage(guard, nb, stage_notebook(nbs / f"{nb}.ipynb"), executed, params, run_log)
+        except BaseException as e:
+            if guard.signum is not None or isinstance(e, KeyboardInterrupt) or getattr(e, "ename", None) == "KeyboardInterrupt":
                 _stage_status(info, out, nb, "interrupted", t0)
-                raise RunInterrupted(nb) from None
-            _stage_status(info, out, nb, "failed", t0, f"{e.ename}: {e.evalue}")
-            raise StealthEvalError(f"stage {nb} failed: {e.ename}: {e.evalue}\n(the executed notebook with the full "
-                                   f"traceback: {out / 'notebooks' / (nb + '.ipynb')})") from None
-        except Exception as e:
-            why = kernel_problem(e)
+                raise RunInterrupted(nb, guard.signum or signal.SIGINT) from None
+            if isinstance(e, pm.PapermillExecutionError):
+                first = (str(e.evalue).strip().splitlines() or [""])[0]
+                _stage_status(info, out, nb, "failed", t0, f"{e.ename}: {first}")
+                if e.ename in users:
+                    raise StealthEvalError(f"stage {nb} failed: {e.ename}: {e.evalue} (the executed notebook with the "
+                                           f"full traceback: {executed})") from None
+                if run_log: run_log.traceback(f"stage {nb} failed: {e.ename}", e.traceback)
+                raise StageFailed(f"stage {nb} failed with an internal error (a bug: please report it): {e.ename}: {first}; "
+                                  f"the traceback is in {executed} and {out / 'run.log'}") from None
+            why = kernel_problem(e) if isinstance(e, Exception) else None
             if why is None: raise
             _stage_status(info, out, nb, "failed", t0, why)
             raise StealthEvalError(f"stage {nb}: {why}") from None
@@ -174,61 +326,78 @@ def _run_stages(nbs: Path, out: Path, params: dict, info: dict, mon=None):
         write_json(out / "run_info.json", info)
         log.info(f"stage {nb} done in {time.time() - t0:.0f} s")
 
+# %% ../nbs/90_run.ipynb #499de534
 def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detectors=None, n_candidates=None,
                  out_dir: str = "artifacts", seed: int = 0, overrides=None, no_cache: bool = False, nbs_dir=None,
                  offline: bool = False, trust_remote_code: bool = False, cache_dir=None, plugins=None,
                  engine: str | None = None) -> Path:
-    "Run the five stages; return the run folder."
-    import os
-    from stealth_eval.config import parse_set, resolve_config
+    "Run the five stages; return the run folder. SIGINT and SIGTERM stop it between any two steps (`RunInterrupted`)."
+    from stealth_eval.config import parse_set, resolve_config, resolve_device_settings
+    from stealth_eval.schema import Settings
     from stealth_eval.data import load_dataset_file
     log = get_logger()
-    ov = parse_set(overrides) if isinstance(overrides, list) else dict(overrides or {})
-    if trust_remote_code: ov["trust_remote_code"] = True
-    if cache_dir: ov["cache_dir"] = str(cache_dir)
-    if engine: ov["engine.name"] = engine
-    from stealth_eval.data import check_usable
-    check_dataset_args(datasets)
-    cfg = resolve_config(profile, datasets, methods, detectors, n_candidates, seed, out_dir, ov, no_cache, plugins)
-    if offline:
-        os.environ.update(OFFLINE_ENV)   # inherited by every stage's kernel: hub clients refuse network access
-        check_offline(cfg)
-    if cfg["engine"]["name"] == "ray":    # fail before any stage runs when Ray is missing
-        from stealth_eval.engine import require_ray
-        require_ray()
-    for spec in cfg["datasets"]:          # fail before any stage runs
-        if spec["path"]: check_usable(load_dataset_file(spec["path"], cfg["validity"]["min_words"]), spec["path"])
-    nbs = _notebooks_dir(nbs_dir)
-    out = usable_dir(cfg["out_dir"], "--out_dir")
-    if cfg.get("cache_dir") and not no_cache: usable_dir(cfg["cache_dir"], "--cache_dir")
-    (out / "notebooks").mkdir(parents=True, exist_ok=True)
-    write_json(out / "config.json", cfg)
-    params = {"config_path": str(out / "config.json")}   # resolved once: every stage loads this file
-    info = {"command": sys.argv, "parameters": {"profile": profile, "overrides": ov, "plugins": cfg["plugins"], **params}, "offline": bool(offline), "versions": package_versions(), "git": git_commit(),
-            "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "stages": {}}
-    mon = None
-    if cfg.get("rehearsal"):   # random-weight stand-ins (06_rehearsal): said in large letters, memory polled per stage
-        from stealth_eval.rehearsal import StageMonitor, banner
-        info["rehearsal"], mon = True, StageMonitor()
-        log.warning("\n" + banner())
-    write_json(out / "run_info.json", info)
-    log.info(f"run folder {out} (profile {profile}, datasets {[d['name'] for d in cfg['datasets']]}, "
-             f"methods {cfg['methods']}, detectors {cfg['detectors']}, engine {cfg['engine']['name']})")
-    ray_started = False
-    if cfg["engine"]["name"] == "ray":    # one local Ray instance for the whole run, unless a cluster is named
-        from stealth_eval.engine import start_local_cluster, stop_local_cluster
-        ray_started = start_local_cluster(cfg["engine"])
-    try: _run_stages(nbs, out, params, info, mon)
-    finally:
-        if ray_started: stop_local_cluster()
-    info["data_sha256"] = {p.name: file_sha256(p) for p in sorted((out / "data").glob("*.jsonl"))}
-    info["files"] = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and "notebooks" not in p.parts)
-    info["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    if mon:   # tokens/s and peak memory per model, rehearsal_report.md
-        from stealth_eval.rehearsal import finish_rehearsal
-        write_json(out / "run_info.json", info)
-        finish_rehearsal(out, cfg, info)
-    write_json(out / "run_info.json", info)
+    with interrupt_guard() as guard:
+        ov = parse_set(overrides) if isinstance(overrides, list) else dict(overrides or {})
+        if trust_remote_code: ov["trust_remote_code"] = True
+        if cache_dir: ov["cache_dir"] = str(cache_dir)
+        if engine: ov["engine.name"] = engine
+        from stealth_eval.data import check_usable
+        check_dataset_args(datasets)
+        cfg = resolve_config(profile, datasets, methods, detectors, n_candidates, seed, out_dir, ov, no_cache, plugins)
+        cfg = Settings.from_dict(resolve_device_settings(cfg.to_dict()))   # device=auto probed (torch) once, into config.json
+        if offline:
+            os.environ.update(OFFLINE_ENV)   # inherited by every stage's kernel: hub clients refuse network access
+            check_offline(cfg)
+        if cfg["engine"]["name"] == "ray":    # fail before any stage runs when Ray is missing
+            from stealth_eval.engine import require_ray
+            require_ray()
+        for spec in cfg["datasets"]:          # fail before any stage runs
+            if spec["path"]: check_usable(load_dataset_file(spec["path"], cfg["validity"]["min_words"]), spec["path"])
+        nbs = _notebooks_dir(nbs_dir)
+        out = usable_dir(cfg["out_dir"], "--out_dir")
+        if cfg.get("cache_dir") and not no_cache: usable_dir(cfg["cache_dir"], "--cache_dir")
+        guard.check()                          # a signal during the checks: nothing written yet
+        (out / "notebooks").mkdir(parents=True, exist_ok=True)
+        write_json(out / "config.json", cfg)
+        params = {"config_path": str(out / "config.json")}   # resolved once: every stage loads this file
+        info = {"command": sys.argv, "parameters": {"profile": profile, "overrides": ov, "plugins": cfg["plugins"], **params}, "offline": bool(offline), "versions": package_versions(), "git": git_commit(),
+                "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "stages": {}}
+        run_log = RunLog(out / "run.log")
+        log.addHandler(run_log.handler)
+        try:
+            mon = None
+            if cfg.get("rehearsal"):   # random-weight stand-ins (06_rehearsal): said in large letters, memory polled per stage
+                from stealth_eval.rehearsal import StageMonitor, banner
+                info["rehearsal"], mon = True, StageMonitor()
+                log.warning("\n" + banner())
+            write_json(out / "run_info.json", info)
+            log.info(f"run folder {out} (profile {profile}, datasets {[d['name'] for d in cfg['datasets']]}, "
+                     f"methods {cfg['methods']}, detectors {cfg['detectors']}, engine {cfg['engine']['name']})")
+            ray_started = False
+            if cfg["engine"]["name"] == "ray":    # one local Ray instance for the whole run, unless a cluster is named
+                from stealth_eval.engine import start_local_cluster, stop_local_cluster
+                ray_started = start_local_cluster(cfg["engine"])
+            try: _run_stages(nbs, out, params, info, mon, guard, run_log)
+            finally:
+                if ray_started: stop_local_cluster()
+            info["data_sha256"] = {p.name: file_sha256(p) for p in sorted((out / "data").glob("*.jsonl"))}
+            info["files"] = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and "notebooks" not in p.parts)
+            info["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+            if mon:   # tokens/s and peak memory per model, rehearsal_report.md
+                from stealth_eval.rehearsal import finish_rehearsal
+                write_json(out / "run_info.json", info)
+                finish_rehearsal(out, cfg, info)
+            write_json(out / "run_info.json", info)
+            guard.check(where="after the last stage")
+        except (StealthEvalError, StageFailed, RunInterrupted): raise
+        except Exception as e:                 # a bug of the runner itself: its traceback goes to the run log too
+            import traceback
+            run_log.traceback(f"internal error: {type(e).__name__}", traceback.format_exception(e))
+            e.run_log = run_log.path
+            raise
+        finally:
+            log.removeHandler(run_log.handler)
+            run_log.close()
     return out
 
 # %% ../nbs/90_run.ipynb #057af643
@@ -292,19 +461,30 @@ def cache_main(argv) -> int:
     return EXIT_OK
 
 # %% ../nbs/90_run.ipynb #c9e263fd
-def _resume_line(stage: str | None, argv: list, args) -> str:
-    "The one line printed on Ctrl-C: what was interrupted, where the finished work is, the command that resumes."
+def _resume_line(where: str, argv: list, args, signum: int = signal.SIGINT) -> str:
+    "The one line printed on Ctrl-C or SIGTERM: what was interrupted, where the finished work is, the command that resumes."
     import shlex
     from stealth_eval.core import resolve_path, user_cache_dir
-    where = f"in stage {stage}" if stage else "before the first stage"
+    what = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
     if args is not None and args.no_cache: kept = "nothing was cached (--no_cache)"
     else:
         store = resolve_path(args.cache_dir) if args is not None and args.cache_dir else user_cache_dir() / "store"
         kept = f"finished work is kept in the cache ({store})"
-    return f"stealth-eval: interrupted {where}; {kept}; resume with: stealth-eval {shlex.join(argv)}".rstrip()
+    return f"stealth-eval: {what} {where}; {kept}; resume with: stealth-eval {shlex.join(argv)}".rstrip()
 
+# %% ../nbs/90_run.ipynb #c85cb783
+def _exit_culprit(e: SystemExit, plugins) -> str:
+    "A one-line message for a `sys.exit` that reached the runner: the plugin whose code called it, when it was one."
+    import traceback
+    frames = [f.f_code.co_filename for f, _ in traceback.walk_tb(e.__traceback__)]
+    mine = {str(Path(p).expanduser().resolve()) for p in plugins or [] if str(p).endswith(".py")}
+    who = next((f for f in reversed(frames) if f in mine), None)
+    what = f"--plugin {who}: it" if who else "code the run imported (a --plugin?)"
+    return f"{what} called sys.exit({e.code!r}); a plugin must raise an exception, never end the run"
+
+# %% ../nbs/90_run.ipynb #d6ace8d2
 def main(argv=None) -> int:
-    "The command line; exit status 0 ok, 1 internal error, 2 user error, 130 interrupted (Ctrl-C)."
+    "The command line; exit status 0 ok, 1 internal error, 2 user error, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["readme"]:
         (project_root() / "README.md").write_text(readme_from_index(), encoding="utf-8")
@@ -335,17 +515,32 @@ def main(argv=None) -> int:
             print(f"settings of profile {args.profile} (change with --set KEY=VALUE):")
             for key, kind, value, doc in rows: print(f"  {key:<{w}}  {value}  ({kind}) {doc}")
             return EXIT_OK
-        out = run_pipeline(args.profile, args.datasets, args.methods, args.detectors, args.n_candidates, args.out_dir,
-                           args.seed, args.overrides, args.no_cache, args.nbs_dir, args.offline, args.trust_remote_code,
-                           args.cache_dir, args.plugins, args.engine)
+        with interrupt_guard() as guard:       # from here on a signal is recorded, never raised, and the run acts on it
+            try:
+                out = run_pipeline(args.profile, args.datasets, args.methods, args.detectors, args.n_candidates, args.out_dir,
+                                   args.seed, args.overrides, args.no_cache, args.nbs_dir, args.offline, args.trust_remote_code,
+                                   args.cache_dir, args.plugins, args.engine)
+            except SystemExit as e: raise StealthEvalError(_exit_culprit(e, args.plugins)) from None
+            from stealth_eval.report import headline
+            text = headline(out)
+            guard.check(where="after the last stage")
     except StealthEvalError as e:
         print(f"stealth-eval: error: {e}", file=sys.stderr)
         return EXIT_USER
+    except StageFailed as e:
+        print(f"stealth-eval: error: {e}", file=sys.stderr)
+        return EXIT_INTERNAL
     except (RunInterrupted, KeyboardInterrupt) as e:
-        print(_resume_line(getattr(e, "stage", None), argv, args), file=sys.stderr)
-        return EXIT_INTERRUPTED
-    from stealth_eval.report import headline
-    print(headline(out))
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(_resume_line(getattr(e, "where", "before the first stage"), argv, args, signum), file=sys.stderr)
+        return EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_TERMINATED
+    except Exception as e:                     # a bug: the traceback where it can be read, one line here
+        where = getattr(e, "run_log", None)
+        if where is None: import traceback; traceback.print_exc()
+        print(f"stealth-eval: internal error (a bug: please report it): {type(e).__name__}: "
+              f"{(str(e).strip().splitlines() or [''])[0]}" + (f"; the traceback is in {where}" if where else ""), file=sys.stderr)
+        return EXIT_INTERNAL
+    print(text)
     return EXIT_OK
 
 # %% ../nbs/90_run.ipynb #6bb3518f

@@ -132,3 +132,10 @@ def test_no_scoring_window_runs_past_the_models_positions(tmp_path):
     (h, st64), = got[64].items()
     st256 = got[256][h]
     assert st64["n_tokens"] == 63 and st256["n_tokens"] == 127 and st256["truncated"]
+
+
+def test_repeated_set_options_are_all_kept():
+    "`--set device=cpu --set device_profile=gpu` keeps both (argparse's default kept only the last, silently)."
+    from stealth_eval.run import build_parser
+    args = build_parser().parse_args(["--set", "device=cpu", "--set", "device_profile=gpu", "dtype=float32"])
+    assert args.overrides == ["device=cpu", "device_profile=gpu", "dtype=float32"]
