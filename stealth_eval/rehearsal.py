@@ -319,7 +319,8 @@ def rehearsal_config(cfg: dict, overrides: dict | None = None) -> dict:
     folders = build_rehearsal_models(scale=scale, seed=seed, names=[n for n in REAL_CONFIGS if n in used])
     out = _replace_hub_ids(cfg, folders)
     out = deep_merge(out, {"reduced": REDUCED_RUN, "layers": LAYERS_RUN}.get(scale, {}))
-    out["rehearsal"] = {**r, "scale": scale, "seed": seed, "banner": BANNER, "models": {n: str(f) for n, f in folders.items()}}
+    out["rehearsal"] = {**r, "scale": scale, "seed": seed, "banner": BANNER, "models": {n: str(f) for n, f in folders.items()},
+                        "paper": {k: v for k, v in cfg.items() if k != "rehearsal"}}   # the paper profile, for the cost model
     return out
 
 # %% ../nbs/06_rehearsal.ipynb #b9504349
@@ -645,10 +646,11 @@ def cpu_layer_rows(model_rows: list, scale: str) -> list:
     return out
 
 # %% ../nbs/06_rehearsal.ipynb #36cf50c2
-def cost_section(cfg: dict, model_rows: list, sizes: dict | None = None, hw: dict = H100) -> list:
+def cost_section(cfg: dict, model_rows: list, sizes: dict | None = None, hw: dict = H100,
+                 paper: dict | None = None) -> list:   # the paper profile's settings (default: what rehearsal_config kept)
     "The report's cost model: the PREDICTED H100 time of the paper run per stage, beside the CPU's measured per-block costs."
-    from stealth_eval.config import PROFILES
-    paper = PROFILES["paper"].to_dict()          # the paper profile: its own models and sizes
+    paper = paper or (cfg.get("rehearsal") or {}).get("paper")   # its own models and sizes (config is not imported: no cycle)
+    if not paper: return ["## PREDICTION: not made (the run's configuration does not hold the paper profile)"]
     z = {**PAPER_SIZES, **(sizes or {})}
     rows = [{**w, "seconds": predict_seconds(w, hw)} for w in paper_workload(paper, z)]
     by = {}
