@@ -319,8 +319,7 @@ def rehearsal_config(cfg: dict, overrides: dict | None = None) -> dict:
     folders = build_rehearsal_models(scale=scale, seed=seed, names=[n for n in REAL_CONFIGS if n in used])
     out = _replace_hub_ids(cfg, folders)
     out = deep_merge(out, {"reduced": REDUCED_RUN, "layers": LAYERS_RUN}.get(scale, {}))
-    out["rehearsal"] = {**r, "scale": scale, "seed": seed, "banner": BANNER, "models": {n: str(f) for n, f in folders.items()},
-                        "paper": {k: v for k, v in cfg.items() if k != "rehearsal"}}   # the paper profile, for the cost model
+    out["rehearsal"] = {**r, "scale": scale, "seed": seed, "banner": BANNER, "models": {n: str(f) for n, f in folders.items()}}
     return out
 
 # %% ../nbs/06_rehearsal.ipynb #b9504349
@@ -647,10 +646,9 @@ def cpu_layer_rows(model_rows: list, scale: str) -> list:
 
 # %% ../nbs/06_rehearsal.ipynb #36cf50c2
 def cost_section(cfg: dict, model_rows: list, sizes: dict | None = None, hw: dict = H100,
-                 paper: dict | None = None) -> list:   # the paper profile's settings (default: what rehearsal_config kept)
+                 paper: dict | None = None) -> list:   # the paper profile's settings (the runner passes config.PROFILES')
     "The report's cost model: the PREDICTED H100 time of the paper run per stage, beside the CPU's measured per-block costs."
-    paper = paper or (cfg.get("rehearsal") or {}).get("paper")   # its own models and sizes (config is not imported: no cycle)
-    if not paper: return ["## PREDICTION: not made (the run's configuration does not hold the paper profile)"]
+    if not paper: return ["## PREDICTION: not made (no paper profile was given to the report)"]   # config is not imported: no cycle
     z = {**PAPER_SIZES, **(sizes or {})}
     rows = [{**w, "seconds": predict_seconds(w, hw)} for w in paper_workload(paper, z)]
     by = {}
@@ -696,7 +694,7 @@ def _machine(cfg: dict) -> str:
         return f"{p.name} ({p.total_memory / 2**30:.0f} GiB), torch {torch.__version__}"
     return f"CPU, {os.cpu_count()} cores ({platform.machine()}), torch {torch.__version__}"
 
-def rehearsal_report(info: dict, cfg: dict, model_rows: list) -> str:
+def rehearsal_report(info: dict, cfg: dict, model_rows: list, paper: dict | None = None) -> str:
     "rehearsal_report.md: the banner, the stage table, the per-model table and what the numbers mean."
     r = cfg.get("rehearsal") or {}
     st = info.get("stages", {})
@@ -732,11 +730,11 @@ def rehearsal_report(info: dict, cfg: dict, model_rows: list) -> str:
                "layers": "- At the `layers` shapes every width, head count, vocabulary and position limit is real and only "
                          "the depth is 1-2 blocks: the per-block costs below scale to full depth; the sample sizes are a CPU's.",
                }.get(r.get("scale"), "- At full shapes the per-model figures are the real models' costs on this machine.")]
-    lines += [""] + cost_section(cfg, model_rows)
+    lines += [""] + cost_section(cfg, model_rows, paper=paper)
     return "\n".join(lines) + "\n"
 
 # %% ../nbs/06_rehearsal.ipynb #6fa73f21
-def finish_rehearsal(out, cfg: dict, info: dict) -> dict:
+def finish_rehearsal(out, cfg: dict, info: dict, paper: dict | None = None) -> dict:   # paper: the paper profile's settings
     "After a rehearsal run: measure each model on the run's texts, write rehearsal_report.md, update `info`."
     out = Path(out)
     texts = []
@@ -748,5 +746,5 @@ def finish_rehearsal(out, cfg: dict, info: dict) -> dict:
     rows = measure_models(cfg, texts[:n]) if texts and (cfg.get("rehearsal") or {}).get("measure_models", True) else []
     info["rehearsal"] = True
     info["rehearsal_models"] = rows
-    atomic_write_text(out / "rehearsal_report.md", rehearsal_report(info, cfg, rows))
+    atomic_write_text(out / "rehearsal_report.md", rehearsal_report(info, cfg, rows, paper))
     return info

@@ -384,9 +384,10 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
             info["files"] = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and "notebooks" not in p.parts)
             info["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
             if mon:   # tokens/s and peak memory per model, rehearsal_report.md
+                from stealth_eval.config import PROFILES
                 from stealth_eval.rehearsal import finish_rehearsal
                 write_json(out / "run_info.json", info)
-                finish_rehearsal(out, cfg, info)
+                finish_rehearsal(out, cfg, info, paper=PROFILES["paper"].to_dict())   # the cost model's workload
             write_json(out / "run_info.json", info)
             guard.check(where="after the last stage")
         except (StealthEvalError, StageFailed, RunInterrupted): raise
