@@ -335,7 +335,7 @@ def _fit_words(text: str, tok, max_tokens: int) -> tuple:
     return " ".join(words[:lo]), True
 
 # %% ../nbs/21_perturbation.ipynb #2e3730db
-T5_KNOB_DEFAULTS = {"t5_tokens_per_span": 10, "t5_dtype": "float32", "fill_batch_tokens": 8192}   # until `schema.Perturbation` has them
+T5_KNOB_DEFAULTS = {k: PERTURBATION_DEFAULTS[k] for k in ("t5_tokens_per_span", "t5_dtype", "fill_batch_tokens")}   # schema's defaults
 
 def t5_knobs(p: dict) -> dict:
     "The T5 fill's length, dtype and batching settings from the perturbation settings `p` (`T5_KNOB_DEFAULTS` if unset)."
