@@ -235,8 +235,14 @@ def _execute_stage(guard: InterruptGuard, nb: str, src, dst: Path, params: dict,
         if guard.signum is None: return True
         if log_stream: log_stream.write(f"papermill: {record.getMessage()}\n")
         return False
+    # The kernel process's own stderr (not its cells' output, which papermill relays) goes to run.log: ipykernel and
+    # tornado print there at shutdown (e.g. a ZMQError racing the closed sockets), which is no news for the terminal.
+    kernel_err = open(log_stream.path, "ab") if getattr(log_stream, "path", None) else None
     class StageKernelManager(AsyncKernelManager):
         def __init__(self, *a, **k): super().__init__(*a, **k); kms.append(self)
+        async def start_kernel(self, **kw):
+            if kernel_err is not None: kw.setdefault("stderr", kernel_err)
+            return await super().start_kernel(**kw)
     def before_cell(cell_index, **_):
         if guard.signum is not None: raise _StageStopped(nb)
         running["cell"] = (cell_index, time.monotonic())
@@ -265,7 +271,9 @@ def _execute_stage(guard: InterruptGuard, nb: str, src, dst: Path, params: dict,
                 if now - stopping_since > 15: break      # papermill did not notice: leave its (daemon) thread behind
             elif pid and cell and (sent is None or sent[0] != cell or now - sent[1] > 2.0):
                 _signal_kernel(pid, signal.SIGINT); sent = (cell, now)   # again if the kernel was between cells
-    finally: pm_log.removeFilter(quiet)
+    finally:
+        pm_log.removeFilter(quiet)
+        if kernel_err is not None and done.is_set(): kernel_err.close()
     if "error" in result: raise result["error"]
 
 # %% ../nbs/90_run.ipynb #4977c619
@@ -321,6 +329,7 @@ def _run_stages(nbs: Path, out: Path, params: dict, info: dict, mon=None, guard:
             why = kernel_problem(e) if isinstance(e, Exception) else None
             if why is None: raise
             _stage_status(info, out, nb, "failed", t0, why)
+            if run_log: why += f"; the kernel's own error output is in {out / 'run.log'}"
             raise StealthEvalError(f"stage {nb}: {why}") from None
         info["stages"][nb] = {"status": "ok", "seconds": round(time.time() - t0, 1), **(mon.stop() if mon else {})}
         write_json(out / "run_info.json", info)
