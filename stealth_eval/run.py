@@ -22,10 +22,10 @@ from .core import (StealthEvalError, file_sha256, get_logger, git_commit, packag
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_INTERNAL', 'EXIT_USER', 'EXIT_INTERRUPTED', 'EXIT_TERMINATED', 'OFFLINE_ENV', 'DATASET_SUFFIXES',
-           'STAGE_TAG', 'INTERRUPT_GRACE_S', 'build_parser', 'check_offline', 'RunInterrupted', 'StageFailed',
-           'check_dataset_args', 'usable_dir', 'kernel_problem', 'stage_notebook', 'InterruptGuard', 'interrupt_guard',
-           'user_error_names', 'RunLog', 'run_pipeline', 'readme_from_index', 'report_main', 'cache_report',
-           'cache_main', 'main']
+           'PREVIOUS_RUN', 'STAGE_TAG', 'INTERRUPT_GRACE_S', 'build_parser', 'check_offline', 'RunInterrupted',
+           'StageFailed', 'check_dataset_args', 'usable_dir', 'kernel_problem', 'run_files', 'set_aside_previous_run',
+           'stage_notebook', 'InterruptGuard', 'interrupt_guard', 'user_error_names', 'RunLog', 'run_pipeline',
+           'readme_from_index', 'report_main', 'cache_report', 'cache_main', 'main']
 
 # %% ../nbs/90_run.ipynb #8de8dc29
 EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143   # ok, bug, user error, SIGINT, SIGTERM
@@ -135,9 +135,60 @@ def kernel_problem(e: Exception):
     return None
 
 # %% ../nbs/90_run.ipynb #f309903b
+PREVIOUS_RUN = ".previous_run"   # where a rerun moves what the run before it wrote in the same folder
+
+def run_files(out: Path, found=()) -> list:
+    """The files below the run folder `out` (relative paths) except `found` (those there before the run started), the
+    executed notebooks, the previous run set aside, and nested run folders (`artifacts/rehearsal` inside `artifacts`)."""
+    out = Path(out)
+    nested = {p.parent for p in out.rglob("run_info.json") if p.parent != out}
+    keep = []
+    for p in out.rglob("*"):
+        rel = p.relative_to(out)
+        if rel.parts[0] in ("notebooks", PREVIOUS_RUN) or not p.is_file() or any(n in p.parents for n in nested): continue
+        if rel.as_posix() not in found: keep.append(rel.as_posix())
+    return sorted(keep)
+
 def _stage_status(info: dict, out: Path, nb: str, status: str, t0: float, error: str | None = None):
     info["stages"][nb] = {"status": status, "seconds": round(time.time() - t0, 1), **({"error": error} if error else {})}
+    info["files"] = run_files(out, info.get("found", ()))   # kept current: what the run wrote so far
     write_json(out / "run_info.json", info)
+
+# %% ../nbs/90_run.ipynb #badf7997
+def set_aside_previous_run(out: Path) -> list:
+    """Move what the run before wrote in `out` into `out/.previous_run/` (replacing the one set aside before it): its
+    files (see above), executed notebooks, config, log and report `site/`; return the moved paths (relative to `out`)."""
+    import shutil
+    out = Path(out)
+    rec = out / "run_info.json"
+    if not rec.exists(): return []
+    try: prev = json.loads(rec.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise StealthEvalError(f"--out_dir {out}: run_info.json is not readable JSON ({e}); move it away or choose "
+                               f"another --out_dir") from None
+    prev = prev if isinstance(prev, dict) else {}
+    def strings(v): return v if isinstance(v, list) and all(isinstance(f, str) for f in v) else None
+    listed, found = strings(prev.get("files")), strings(prev.get("found"))
+    if not prev.get("finished") and found is not None: listed = run_files(out, set(found))   # stopped inside a stage
+    if listed is None:
+        raise StealthEvalError(f"--out_dir {out}: holds an earlier run whose run_info.json lists no files it wrote "
+                               f"(an older version's unfinished run?); move that folder away or choose another --out_dir")
+    names = set(listed) | {"config.json", "run_info.json", "run.log", "site"} | {f"notebooks/{nb}.ipynb" for nb in PIPELINE}
+    root, moved = out.resolve(), []
+    aside = out / PREVIOUS_RUN
+    if aside.is_symlink() or aside.is_file(): raise StealthEvalError(f"--out_dir {out}: {aside} is not a folder")
+    if aside.exists(): shutil.rmtree(aside)
+    for rel in sorted(names):
+        src = out / rel
+        if (Path(rel).is_absolute() or ".." in Path(rel).parts or not (src.is_file() or src.is_dir())
+                or src.is_symlink() or root not in src.resolve().parents):   # only what lies inside the folder
+            continue
+        dst = aside / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(src), str(dst)); moved.append(rel)
+    for d in sorted({(out / m).parent for m in moved}, key=lambda p: -len(p.parts)):   # folders the move emptied
+        while d != out and d.is_dir() and not any(d.iterdir()): d.rmdir(); d = d.parent
+    return moved
 
 # %% ../nbs/90_run.ipynb #ddd50db1
 STAGE_TAG = "stage"   # tags a cell a run needs besides definitions, parameters and run cells (the parameters' derived values)
@@ -332,6 +383,7 @@ def _run_stages(nbs: Path, out: Path, params: dict, info: dict, mon=None, guard:
             if run_log: why += f"; the kernel's own error output is in {out / 'run.log'}"
             raise StealthEvalError(f"stage {nb}: {why}") from None
         info["stages"][nb] = {"status": "ok", "seconds": round(time.time() - t0, 1), **(mon.stop() if mon else {})}
+        info["files"] = run_files(out, info.get("found", ()))
         write_json(out / "run_info.json", info)
         log.info(f"stage {nb} done in {time.time() - t0:.0f} s")
 
@@ -366,10 +418,12 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
         out = usable_dir(cfg["out_dir"], "--out_dir")
         if cfg.get("cache_dir") and not no_cache: usable_dir(cfg["cache_dir"], "--cache_dir")
         guard.check()                          # a signal during the checks: nothing written yet
+        moved = set_aside_previous_run(out)    # a run folder holds one run: the last one's files go to .previous_run/
+        found = run_files(out)                 # the files this run did not write (the user's)
         (out / "notebooks").mkdir(parents=True, exist_ok=True)
         write_json(out / "config.json", cfg)
         params = {"config_path": str(out / "config.json")}   # resolved once: every stage loads this file
-        info = {"command": sys.argv, "parameters": {"profile": profile, "overrides": ov, "plugins": cfg["plugins"], **params}, "offline": bool(offline), "versions": package_versions(), "git": git_commit(),
+        info = {"command": sys.argv, "parameters": {"profile": profile, "overrides": ov, "plugins": cfg["plugins"], **params}, "offline": bool(offline), "versions": package_versions(), "git": git_commit(), "found": found, "files": [],
                 "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "stages": {}}
         run_log = RunLog(out / "run.log")
         log.addHandler(run_log.handler)
@@ -380,6 +434,7 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
                 info["rehearsal"], mon = True, StageMonitor()
                 log.warning("\n" + banner())
             write_json(out / "run_info.json", info)
+            if moved: log.info(f"moved the previous run's {len(moved)} files of {out} to {out / PREVIOUS_RUN}")
             log.info(f"run folder {out} (profile {profile}, datasets {[d['name'] for d in cfg['datasets']]}, "
                      f"methods {cfg['methods']}, detectors {cfg['detectors']}, engine {cfg['engine']['name']})")
             ray_started = False
@@ -390,7 +445,7 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
             finally:
                 if ray_started: stop_local_cluster()
             info["data_sha256"] = {p.name: file_sha256(p) for p in sorted((out / "data").glob("*.jsonl"))}
-            info["files"] = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and "notebooks" not in p.parts)
+            info["files"] = run_files(out, info["found"])
             info["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
             if mon:   # tokens/s and peak memory per model, rehearsal_report.md
                 from stealth_eval.config import PROFILES
