@@ -14,9 +14,11 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -24,12 +26,13 @@ from importlib import metadata
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['CACHE_FORMAT', 'PROVENANCE_PACKAGES', 'StealthEvalError', 'UnknownNameError', 'ComponentUnavailable', 'few',
-           'Registry', 'project_root', 'user_cache_dir', 'resolve_path', 'get_logger', 'progress', 'sha256_bytes',
-           'sha256_text', 'stable_hash', 'file_sha256', 'atomic_write_bytes', 'atomic_write_text', 'file_lock',
-           'build_file_once', 'to_jsonable', 'write_json', 'read_json', 'deep_merge', 'record_skipped', 'write_jsonl',
-           'read_jsonl', 'check_entry', 'parts_of', 'LocalEngine', 'Cache', 'verify_store', 'prune_store',
-           'record_source', 'recording_sources', 'file_source', 'package_versions', 'git_commit', 'md_tex']
+__all__ = ['CACHE_FORMAT', 'STORE_MARKER', 'PROVENANCE_PACKAGES', 'StealthEvalError', 'UnknownNameError', 'ComponentUnavailable',
+           'few', 'Registry', 'project_root', 'user_cache_dir', 'resolve_path', 'get_logger', 'progress',
+           'sha256_bytes', 'sha256_text', 'stable_hash', 'file_sha256', 'atomic_write_bytes', 'atomic_write_text',
+           'file_lock', 'build_file_once', 'to_jsonable', 'write_json', 'read_json', 'deep_merge', 'record_skipped',
+           'write_jsonl', 'read_jsonl', 'check_entry', 'parts_of', 'LocalEngine', 'Cache', 'check_store',
+           'verify_store', 'prune_store', 'record_source', 'recording_sources', 'file_source', 'package_versions',
+           'git_commit', 'md_tex']
 
 # %% ../nbs/01_core.ipynb #d5cc8c30
 class StealthEvalError(Exception):
@@ -88,7 +91,7 @@ def project_root() -> Path:
 
 # %% ../nbs/01_core.ipynb #012be00c
 def user_cache_dir() -> Path:
-    "Where converted models and cached generations/scores live (`$STEALTH_EVAL_CACHE` overrides)."
+    "The user cache folder (`$STEALTH_EVAL_CACHE` overrides): converted models, and the content store in `store/`."
     env = os.environ.get("STEALTH_EVAL_CACHE")
     if env: return Path(env).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
@@ -139,7 +142,8 @@ def file_sha256(path) -> str:
     return h.hexdigest()
 
 # %% ../nbs/01_core.ipynb #ccf74aed
-def atomic_write_bytes(path, data: bytes) -> Path:
+def atomic_write_bytes(path, data: bytes,
+                       mode: int | None = None) -> Path:  # permissions of the new file (None: mkstemp's private 0600)
     "Write `data` to `path` through a temporary file in the same folder and an atomic rename."
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -148,6 +152,7 @@ def atomic_write_bytes(path, data: bytes) -> Path:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            if mode is not None: os.fchmod(f.fileno(), mode)   # set on our own file, before it takes the name
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -156,7 +161,7 @@ def atomic_write_bytes(path, data: bytes) -> Path:
     return path
 
 # %% ../nbs/01_core.ipynb #d03b7324
-def atomic_write_text(path, text: str) -> Path: return atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path, text: str, mode: int | None = None) -> Path: return atomic_write_bytes(path, text.encode("utf-8"), mode)
 
 # %% ../nbs/01_core.ipynb #0d1a1960
 class file_lock:
@@ -255,6 +260,9 @@ def read_jsonl(path, line_numbers: list | None = None) -> list:  # line_numbers:
 
 # %% ../nbs/01_core.ipynb #7391886d
 CACHE_FORMAT = 2   # entry layout: {"key", "format", "sha256" (of the canonical value), "value"}
+STORE_MARKER = "stealth_eval_store.json"   # written at a store's top with its first entry: the folder is a store
+
+def _has_marker(root: Path) -> bool: return (Path(root) / STORE_MARKER).is_file() and not (Path(root) / STORE_MARKER).is_symlink()
 
 def check_entry(raw: bytes, key: str | None = None) -> tuple:
     "(problem or '', value) of a stored cache entry: unreadable, old format, wrong key or digest mismatch are problems."
@@ -294,7 +302,7 @@ class Cache:
         self.engine = engine or LocalEngine()
         self.hits, self.misses = Counter(), Counter()
         self.invalid = Counter()     # (namespace, problem) -> entries that failed their check (counted as misses)
-        self._reported = 0
+        self._reported, self._marked = 0, False
 
     def key(self, namespace: str, **parts) -> str:
         "A key for `namespace` from the parts that determine the value."
@@ -320,10 +328,18 @@ class Cache:
 
     def put(self, key: str, value):
         if self.enabled:
+            if not self._marked: self._mark()
             canon = json.loads(json.dumps(value))   # the value as it will read back (tuples -> lists, int keys -> str)
             atomic_write_text(self._path(key), json.dumps({"key": key, "format": CACHE_FORMAT,
                                                            "sha256": stable_hash(canon), "value": value}))
         return value
+
+    def _mark(self):
+        "Write the store's marker unless it is there (once per `Cache`): it tells `prune_store` the folder is a store."
+        if not _has_marker(self.root):
+            atomic_write_text(self.root / STORE_MARKER, json.dumps({"stealth_eval_store": CACHE_FORMAT,
+                                                                    "entries": "NAMESPACE/HH/SHA256.json"}) + "\n")
+        self._marked = True
 
     def fetch(self, keys: dict, compute) -> dict:
         """name -> value for every name of `keys` (name -> cache key): the cached values, and for the missing names
@@ -359,25 +375,55 @@ class Cache:
         return out
 
 # %% ../nbs/01_core.ipynb #487b95cf
-def _store_files(root: Path):
-    "(entries, temporary files) under a cache store."
-    entries, temps = [], []
-    for p in sorted(Path(root).rglob("*")):
-        if not p.is_file(): continue
-        (temps if p.name.startswith(".") and p.name.endswith(".tmp") else entries).append(p)
-    return entries, temps
+_HASH = re.compile(r"[0-9a-f]{64}")
 
-def verify_store(root) -> dict:
-    "Check every entry of a cache store: counts per namespace and the problems found (with the files)."
+def _entry_key(parts: tuple) -> str | None:
+    "The key of the entry whose place is the relative path `parts` (NAMESPACE, HH, HASH.json), else None."
+    if len(parts) != 3 or not parts[2].endswith(".json") or parts[0].startswith("."): return None
+    h = parts[2][:-len(".json")]
+    return f"{parts[0]}/{h}" if _HASH.fullmatch(h) and parts[1] == h[:2] else None
+
+def _is_temp(parts: tuple) -> bool:
+    "Whether `parts` is where `atomic_write_bytes` leaves a temporary file of an entry or of the marker when killed."
+    m = re.fullmatch(r"\.(.+)\.[a-z0-9_]+\.tmp", parts[-1])
+    return bool(m) and (parts[:-1] + (m[1],) == (STORE_MARKER,) or _entry_key(parts[:-1] + (m[1],)) is not None)
+
+def _store_walk(root: Path):
+    "(kind, path, key) of every file under a store, kind 'entry', 'temp' or 'foreign'; symbolic links are never followed."
+    for d, dirs, files in os.walk(root):                 # followlinks=False: a linked folder is listed, not entered
+        dirs.sort()
+        rel = Path(d).relative_to(root).parts
+        for n in dirs:
+            if os.path.islink(os.path.join(d, n)): yield "foreign", Path(d, n), None
+        for n in sorted(files):
+            p, parts = Path(d, n), rel + (n,)
+            if (parts == (STORE_MARKER,) and _has_marker(root)) or not os.path.lexists(p): continue
+            if p.is_symlink() or not p.is_file(): yield "foreign", p, None   # a link, a FIFO, a socket
+            elif key := _entry_key(parts): yield "entry", p, key
+            else: yield ("temp" if _is_temp(parts) else "foreign"), p, None
+
+# %% ../nbs/01_core.ipynb #57dfdbce
+def check_store(root) -> Path:
+    "`root` when it is a content store (its marker, or only entries), else a one-line `StealthEvalError` saying why."
     root = Path(root)
     if not root.is_dir(): raise StealthEvalError(f"{root}: no cache store there (not a folder)")
-    entries, temps = _store_files(root)
-    report = {"store": str(root), "entries": 0, "ok": 0, "namespaces": {}, "problems": {}, "bad": [], "temp_files": [str(p) for p in temps]}
-    for p in entries:
-        rel = p.relative_to(root).parts
-        ns = rel[0]
-        key = f"{ns}/{p.stem}" if len(rel) == 3 and p.suffix == ".json" and rel[1] == p.stem[:2] else None
-        problem = "not a cache entry path" if key is None else check_entry(p.read_bytes(), key)[0]
+    if _has_marker(root): return root
+    stranger = next((p for kind, p, _ in _store_walk(root) if kind == "foreign"), None)   # stops at the first one
+    if stranger is None: return root                     # written before the marker: nothing but entries
+    hint = f"; did you mean {root / 'store'}?" if (root / "store").is_dir() else ""
+    raise StealthEvalError(f"{root} is not a stealth-eval content store (no marker {STORE_MARKER}, and "
+                           f"{stranger.relative_to(root)} is not a store entry){hint}")
+
+def verify_store(root) -> dict:
+    "Check every entry of a content store: counts per namespace, the problems found (with the files), temporary and foreign files."
+    root = check_store(root)
+    report = {"store": str(root), "entries": 0, "ok": 0, "namespaces": {}, "problems": {}, "bad": [], "temp_files": [], "foreign": []}
+    for kind, p, key in _store_walk(root):
+        if kind != "entry":
+            report["temp_files" if kind == "temp" else "foreign"].append(str(p)); continue
+        try: problem = check_entry(p.read_bytes(), key)[0]
+        except FileNotFoundError: continue               # removed meanwhile (a concurrent prune)
+        ns = key.split("/")[0]
         report["entries"] += 1
         report["namespaces"][ns] = report["namespaces"].get(ns, 0) + 1
         if problem:
@@ -387,18 +433,19 @@ def verify_store(root) -> dict:
     return report
 
 # %% ../nbs/01_core.ipynb #6ffe8179
-def prune_store(root, min_temp_age_s: float = 3600) -> dict:
-    "Delete entries that fail verification and temporary files older than `min_temp_age_s` (a live writer's are kept)."
-    import time
+def prune_store(root, min_temp_age_s: float = 3600,
+                dry_run: bool = False) -> dict:  # True: list in `to_remove` what would go, remove nothing
+    """Delete the entries that fail verification and the temporary files older than `min_temp_age_s` (a live writer's are
+    kept), listed in `to_remove` and `removed`; a folder that is not a store is refused, foreign files are left."""
     report = verify_store(root)
-    removed = []
-    for b in report["bad"]:
-        Path(b["path"]).unlink(missing_ok=True); removed.append(b["path"])
+    now, out = time.time(), [b["path"] for b in report["bad"]]
     for t in report["temp_files"]:
         try:
-            if time.time() - os.path.getmtime(t) >= min_temp_age_s: os.unlink(t); removed.append(t)
+            if now - os.lstat(t).st_mtime >= min_temp_age_s: out.append(t)
         except FileNotFoundError: pass
-    report["removed"] = removed
+    if not dry_run:
+        for p in out: Path(p).unlink(missing_ok=True)   # the name only: a link put there meanwhile is not followed
+    report["to_remove"], report["removed"] = out, ([] if dry_run else out)
     return report
 
 # %% ../nbs/01_core.ipynb #f453b2a3

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .core import StealthEvalError, atomic_write_text, read_json
+from .core import StealthEvalError, atomic_write_bytes, atomic_write_text, read_json
 
 # %% auto #0
-__all__ = ['SITE_CSS', 'FIGURE_CAPTIONS', 'FIGURE_ORDER', 'md_to_html', 'strip_remote_scripts', 'notebook_html', 'nav_bar',
-           'page', 'with_nav', 'notebook_title', 'nav_title', 'figure_caption', 'headline', 'index_body',
-           'run_notebooks', 'build_site', 'library_notebooks', 'sidebar_yml', 'build_docs', 'local_targets',
-           'missing_resources', 'find_chromium', 'screenshot', 'explorer_data', 'explore']
+__all__ = ['SITE_CSS', 'FIGURE_CAPTIONS', 'FIGURE_ORDER', 'SITE_MODE', 'md_to_html', 'strip_remote_scripts', 'notebook_html',
+           'nav_bar', 'page', 'with_nav', 'notebook_title', 'nav_title', 'figure_caption', 'headline', 'index_body',
+           'run_notebooks', 'check_finished', 'build_site', 'library_notebooks', 'sidebar_yml', 'build_docs',
+           'local_targets', 'missing_resources', 'find_chromium', 'screenshot', 'explorer_data', 'explore']
 
 # %% ../nbs/50_report.ipynb #48edf3a5
 def md_to_html(text: str) -> str:
@@ -183,29 +183,54 @@ def run_notebooks(run) -> list:
     nbs = sorted(Path(run, "notebooks").glob("*.ipynb"))
     return sorted(nbs, key=lambda p: (PIPELINE.index(p.stem) if p.stem in PIPELINE else len(PIPELINE), p.name))
 
+# %% ../nbs/50_report.ipynb #c5e0b701
+SITE_MODE = 0o644   # the files a site build writes: readable by all (atomic writes alone would leave them private)
+
+def check_finished(run) -> dict:
+    "The `run_info.json` of a run whose every stage is recorded 'ok', else a one-line error naming the first that is not."
+    from stealth_eval.config import PIPELINE
+    run = Path(run)
+    try: info = read_json(run / "run_info.json")
+    except FileNotFoundError: raise StealthEvalError(f"{run} is not a run folder (no run_info.json): run `stealth-eval --out_dir {run}` first") from None
+    except (OSError, ValueError) as e: raise StealthEvalError(f"{run / 'run_info.json'}: unreadable ({e})") from None
+    stages = info.get("stages") if isinstance(info, dict) and isinstance(info.get("stages"), dict) else {}
+    for nb in PIPELINE:
+        st = stages.get(nb) if isinstance(stages.get(nb), dict) else {}
+        if st.get("status") != "ok":
+            why = (f"{st['status']}" + (f" ({st['error']})" if st.get("error") else "")) if st.get("status") else "did not run"
+            raise StealthEvalError(f"{run}: stage {nb} {why}; a report is built only from a finished run (every stage ok "
+                                   f"in run_info.json): finish the run first (the same command resumes it)")
+    return info
+
 # %% ../nbs/50_report.ipynb #ae0eb230
+def _site_folder(site: Path) -> Path:
+    "`site` with its `figures/` and `tables/`; a linked subfolder is refused: a build writes into no folder it does not own."
+    for sub in (site / "figures", site / "tables"):
+        if sub.is_symlink(): raise StealthEvalError(f"{sub} is a symbolic link: the report writes into no folder outside the site")
+        sub.mkdir(parents=True, exist_ok=True)
+    return site
+
 def build_site(run_dir, site_dir=None) -> Path:
-    "Write the report site of a run (default RUN/site/); return the site folder."
+    """Write the report site of a finished run (default RUN/site/); return the site folder. Only the site's own files are
+    written (each replaced by name, mode `SITE_MODE`): any other file in the folder is left as it is."""
     run = Path(run_dir)
+    check_finished(run)
     if not (run / "metrics.json").exists():
         raise StealthEvalError(f"{run} is not a finished run folder (no metrics.json): run `stealth-eval --out_dir {run}` first")
-    site = Path(site_dir) if site_dir else run / "site"
-    (site / "figures").mkdir(parents=True, exist_ok=True); (site / "tables").mkdir(parents=True, exist_ok=True)
+    site = _site_folder(Path(site_dir) if site_dir else run / "site")
     first_ds = sorted(read_json(run / "metrics.json"))[:1]
     figures = sorted((p for p in (run / "figures").glob("*.png") if [p.stem] != [f"fig_heatmap_t1f_{d}" for d in first_ds]), key=lambda p: _fig_rank(p.name))
     tables = sorted((run / "tables").glob("*.md"))
     for p in figures + sorted((run / "tables").glob("*.tex")):
-        shutil.copy2(p, site / p.parent.name / p.name)
+        atomic_write_bytes(site / p.parent.name / p.name, p.read_bytes(), SITE_MODE)
     nbs = run_notebooks(run)
     pages = [("index.html", "Run report")] + ([("examples.html", "Examples")] if (run / "qual_examples.md").exists() else [])
     pages += [(f"{p.stem}.html", nav_title(p)) for p in nbs]
-    atomic_write_text(site / "index.html", page(f"stealth-eval report: {run.name}", index_body(run, figures, tables), pages, "index.html"))
+    atomic_write_text(site / "index.html", page(f"stealth-eval report: {run.name}", index_body(run, figures, tables), pages, "index.html"), SITE_MODE)
     if (run / "qual_examples.md").exists():
-        atomic_write_text(site / "examples.html", page("Curated examples", md_to_html((run / "qual_examples.md").read_text(encoding="utf-8")), pages, "examples.html"))
+        atomic_write_text(site / "examples.html", page("Curated examples", md_to_html((run / "qual_examples.md").read_text(encoding="utf-8")), pages, "examples.html"), SITE_MODE)
     for p in nbs:
-        atomic_write_text(site / f"{p.stem}.html", with_nav(notebook_html(p), pages, f"{p.stem}.html"))
-    for p in site.rglob("*"):
-        if p.is_file(): p.chmod(0o644)                     # atomic writes create private files; a site is for reading
+        atomic_write_text(site / f"{p.stem}.html", with_nav(notebook_html(p), pages, f"{p.stem}.html"), SITE_MODE)
     return site
 
 # %% ../nbs/50_report.ipynb #5f7a4f6b
@@ -224,14 +249,14 @@ def sidebar_yml(nbs_dir=None) -> str:
 # %% ../nbs/50_report.ipynb #baadfa6e
 def build_docs(site_dir, nbs_dir=None) -> Path:
     """The library's documentation offline (no Quarto): one HTML page per notebook of nbs/, with the same navigation
-    as a run's report; `nbdev_docs` renders the same notebooks with Quarto where Quarto is installed."""
+    as a run's report; `nbdev_docs` renders the same notebooks with Quarto where Quarto is installed. Only these
+    pages are written (mode `SITE_MODE`); other files in `site_dir` are left as they are."""
     site = Path(site_dir); site.mkdir(parents=True, exist_ok=True)
     nbs = library_notebooks(nbs_dir)
     if not nbs: raise StealthEvalError(f"no notebooks in {nbs_dir or 'nbs/'}")
     name = lambda p: "index.html" if p.stem == "index" else f"{p.stem}.html"
     pages = [(name(p), "stealth-eval" if p.stem == "index" else nav_title(p)) for p in nbs]
-    for p in nbs: atomic_write_text(site / name(p), with_nav(notebook_html(p), pages, name(p)))
-    for p in site.glob("*.html"): p.chmod(0o644)
+    for p in nbs: atomic_write_text(site / name(p), with_nav(notebook_html(p), pages, name(p)), SITE_MODE)
     return site
 
 # %% ../nbs/50_report.ipynb #8ba4de0b
