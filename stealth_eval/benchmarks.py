@@ -82,14 +82,27 @@ def resolve_data_path(name: str,  # benchmark: padben, apt_eval, detectrl or mgt
     raise StealthEvalError(f"benchmark {name!r}: {why}. " + _placement(name, [" or ".join(_alts(f)) for f in files]))
 
 # %% ../nbs/04_benchmarks.ipynb #73f3e331
+def _noting_repeats(repeated: dict):
+    "A `json` object hook that builds each object and notes in `repeated` the first key it repeats, by the object's id."
+    def hook(pairs: list) -> dict:
+        d, seen = dict(pairs), set()
+        if len(d) < len(pairs): repeated[id(d)] = next(k for k, _ in pairs if k in seen or seen.add(k))
+        return d
+    return hook
+
 def _read_json_rows(path: Path, columns) -> list:
-    "A JSON array of objects that all have `columns`."
-    try: rows = json.loads(Path(path).read_bytes().decode("utf-8"))
+    "A JSON array of objects that all have `columns`, each key once per object."
+    repeated = {}   # id of an object -> its first repeated key
+    try: rows = json.loads(Path(path).read_bytes().decode("utf-8"), object_pairs_hook=_noting_repeats(repeated))
     except UnicodeDecodeError as e: raise StealthEvalError(f"{path}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise StealthEvalError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise StealthEvalError(f"{path}: expected a JSON array of objects with columns {', '.join(columns)}")
+    if repeated:
+        i, k = next(((i, repeated[id(r)]) for i, r in enumerate(rows) if id(r) in repeated), ("?", next(iter(repeated.values()))))
+        raise StealthEvalError(f"{path}: row {i}: key {k!r} occurs twice in one JSON object; each key once (the last value "
+                               "would silently win)")
     miss = Counter(c for r in rows for c in columns if c not in r)
     if miss:
         first = next(i for i, r in enumerate(rows) if any(c not in r for c in columns))

@@ -5,8 +5,15 @@
 # %% ../nbs/01_components.ipynb #53950b9f
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import importlib
 import importlib.util
+import inspect
+import os
+import secrets
+import signal
+import subprocess
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -16,8 +23,8 @@ from typing import Callable
 from .core import Registry, StealthEvalError, progress
 
 # %% auto #0
-__all__ = ['DETECTORS', 'METHODS', 'DATASETS', 'BASELINE', 'Detector', 'Method', 'FunctionMethod', 'Built', 'Dataset',
-           'FunctionDataset', 'ComponentRegistry', 'dataset_analyses', 'unedited', 'load_plugins']
+__all__ = ['DETECTORS', 'METHODS', 'DATASETS', 'BASELINE', 'CHECKED_ENV', 'Detector', 'Method', 'FunctionMethod', 'Built',
+           'Dataset', 'FunctionDataset', 'ComponentRegistry', 'dataset_analyses', 'unedited', 'load_plugins']
 
 # %% ../nbs/01_components.ipynb #5509a745
 @dataclass(frozen=True, kw_only=True)
@@ -123,12 +130,15 @@ class FunctionDataset(Dataset):
     def build(self, cfg: dict, cache) -> Built: return self.fn(cfg, cache)
 
 # %% ../nbs/01_components.ipynb #79440006
+_IMPORTING: list = []   # the plugin being imported, if any: it may not take a registered name (see "Plugins")
+
 class ComponentRegistry(Registry):
     "A `Registry` of instances of `base`, filled by `register` when its provider modules are imported."
     def __init__(self, kind: str, base: type, providers: list):
         super().__init__(kind, {})
         self.base, self.providers, self._loaded = base, list(providers), False
         self._order = {}   # name -> (rank of the registering module among the providers, registration number)
+        self._by = {}      # name -> the module that registered it
 
     def register(self, obj):
         "Decorator or call: register a component class (instantiated with its defaults) or instance; return `obj`."
@@ -137,8 +147,13 @@ class ComponentRegistry(Registry):
             raise TypeError(f"{self.kind} {getattr(inst, 'name', inst)!r}: a {type(inst).__name__} is not a {self.base.__name__}")
         mod = sys._getframe(1).f_globals.get("__name__", "")       # the module whose definition registers it
         rank = self.providers.index(mod) if mod in self.providers else len(self.providers)   # plugins after the package
+        old = self.entries.get(inst.name)
+        if _IMPORTING and old is not None and not _same_definition(old, inst):   # see "Plugins" below
+            raise StealthEvalError(f"--plugin {_IMPORTING[-1]}: registers {self.kind} {inst.name!r}, a name "
+                                   f"{self._by.get(inst.name) or 'another module'} already registers; give it another name")
         self.entries[inst.name] = inst
         self._order[inst.name] = (rank, len(self._order))
+        self._by[inst.name] = _IMPORTING[-1] if _IMPORTING else mod
         return obj
 
     def load(self):
@@ -167,7 +182,7 @@ DATASETS = ComponentRegistry("dataset", Dataset, ["stealth_eval.data"])
 
 # %% ../nbs/01_components.ipynb #38e424d4
 def dataset_analyses(name: str) -> tuple:
-    "The dataset-specific analyses of a run's dataset (none for a dataset read from a file)."
+    "The analyses of a run's dataset: its registered component's (a dataset file never takes a registered name: `check_dataset_specs`)."
     return DATASETS.get(name).analyses if name in DATASETS else ()
 
 # %% ../nbs/01_components.ipynb #9729bdc3
@@ -178,27 +193,90 @@ def unedited(df, defense: str | None = "none"):
     keep = (df["method"] == BASELINE) & (df["setting"].fillna("") == "")
     return keep if defense is None else keep & (df["defense"] == defense)
 
+# %% ../nbs/01_components.ipynb #f9dc44da
+def _origin(v):
+    "What identifies a value across imports: a class's or a function's qualified name and source file; containers item by item."
+    if isinstance(v, dict): return tuple((str(k), _origin(x)) for k, x in v.items())
+    if isinstance(v, (list, tuple)): return tuple(_origin(x) for x in v)
+    if isinstance(v, type) or inspect.isfunction(v) or inspect.ismethod(v):
+        try: where = inspect.getfile(v)
+        except TypeError: where = getattr(v, "__module__", "")
+        return (v.__qualname__, where)
+    return v
+
+def _same_definition(a, b) -> bool:
+    "Whether two registrations are one definition imported twice: equal, or the same class from the same file with the same fields."
+    try:
+        if a is b or a == b: return True
+        return _origin(type(a)) == _origin(type(b)) and all(
+            _origin(getattr(a, f.name)) == _origin(getattr(b, f.name)) for f in dataclasses.fields(a))
+    except Exception: return False   # fields that cannot be compared: not shown to be the same
+
+# %% ../nbs/01_components.ipynb #6b95fcff
+CHECKED_ENV = "STEALTH_EVAL_PLUGINS_CHECKED"
+
+def _module_name(p: Path) -> str: return "stealth_eval_plugin_" + "".join(c if c.isalnum() else "_" for c in str(p))
+
+def _import_plugin(s: str):
+    "Import one plugin (a .py file, once, under a name made from its path; or a module) in this process."
+    if not s.endswith(".py"): return importlib.import_module(s)
+    p = Path(s).expanduser().resolve()
+    name = _module_name(p)
+    if name in sys.modules: return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, p)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    try: spec.loader.exec_module(mod)
+    except BaseException: sys.modules.pop(name, None); raise
+    return mod
+
+_CHILD = ("import sys\nfrom stealth_eval.components import _import_plugin\n"
+          "try: _import_plugin(sys.argv[1])\n"
+          "except BaseException: pass\n"            # an exception or sys.exit: reported by the import in the caller
+          "sys.stdout.write(sys.argv[2]); sys.stdout.flush()\n")
+
+def _check_in_child(s: str, label: str):
+    "Import plugin `s` in a child interpreter first: refuse it when that import ends the process (`os._exit`, a crash)."
+    key = f"{label}@{hashlib.sha256(Path(label).read_bytes()).hexdigest()[:16]}" if s.endswith(".py") else f"module:{s}"
+    checked = os.environ.get(CHECKED_ENV, "").split(os.pathsep)
+    if key in checked: return
+    token = secrets.token_hex(8)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}   # the child finds what this process finds
+    r = subprocess.run([sys.executable, "-c", _CHILD, s, token], capture_output=True, env=env, stdin=subprocess.DEVNULL)
+    if not r.stdout.endswith(token.encode()):
+        how = (f"killed by signal {signal.Signals(-r.returncode).name}" if r.returncode < 0 else f"exit status {r.returncode}")
+        raise StealthEvalError(f"--plugin {label}: importing it ends the process ({how}: os._exit or a crash) instead of "
+                               "returning; a plugin must only define and register components")
+    os.environ[CHECKED_ENV] = os.pathsep.join([c for c in checked if c] + [key])
+
 # %% ../nbs/01_components.ipynb #20ff0ed2
 def load_plugins(specs) -> list:
     "Import each plugin (a .py file or a module name) once; return their canonical specs (absolute paths, module names)."
     out = []
     for s in specs or []:
         s = str(s)
+        label = s
         if s.endswith(".py"):
             p = Path(s).expanduser().resolve()
             if not p.is_file(): raise StealthEvalError(f"--plugin {s}: no such file")
-            name = "stealth_eval_plugin_" + "".join(c if c.isalnum() else "_" for c in str(p))
-            if name not in sys.modules:
-                spec = importlib.util.spec_from_file_location(name, p)
-                mod = importlib.util.module_from_spec(spec)
-                sys.modules[name] = mod
-                try: spec.loader.exec_module(mod)
-                except Exception as e:
-                    del sys.modules[name]
-                    raise StealthEvalError(f"--plugin {p}: importing it failed: {type(e).__name__}: {e}") from e
-            out.append(str(p))
-        else:
-            try: importlib.import_module(s)
-            except ImportError as e: raise StealthEvalError(f"--plugin {s}: cannot import it ({e})") from e
-            out.append(s)
+            label = str(p)
+            if _module_name(p) in sys.modules: out.append(label); continue   # imported once
+        elif s in sys.modules: out.append(s); continue
+        _check_in_child(s, label)
+        regs = [r.load() for r in (DETECTORS, METHODS, DATASETS)]   # the built-ins first: a plugin can only add
+        saved = [(r, dict(r.entries), dict(r._order), dict(r._by)) for r in regs]
+        _IMPORTING.append(label)
+        try: _import_plugin(s)
+        except BaseException as e:
+            for r, entries, order, by in saved:   # nothing of a refused plugin stays registered
+                for d, old in ((r.entries, entries), (r._order, order), (r._by, by)): d.clear(); d.update(old)
+            if isinstance(e, KeyboardInterrupt): raise
+            if isinstance(e, SystemExit):
+                raise StealthEvalError(f"--plugin {label}: importing it called sys.exit({e.code!r}); "
+                                       "a plugin must raise an exception, never end the run") from None
+            if isinstance(e, StealthEvalError) and str(e).startswith("--plugin "): raise
+            if isinstance(e, ImportError) and not s.endswith(".py"): raise StealthEvalError(f"--plugin {s}: cannot import it ({e})") from e
+            raise StealthEvalError(f"--plugin {label}: importing it failed: {type(e).__name__}: {e}") from e
+        finally: _IMPORTING.pop()
+        out.append(label)
     return out

@@ -6,13 +6,15 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
+import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .components import DATASETS, DETECTORS, METHODS, Built, Dataset, FunctionDataset
-from .core import (Cache, StealthEvalError, few as _few, file_source, get_logger, read_json, read_jsonl,
+from .core import (Cache, StealthEvalError, few as _few, file_source, get_logger, read_json,
                                recording_sources, sha256_text, write_json, write_jsonl)
 from .engine import run_cache
 
@@ -20,8 +22,8 @@ from .engine import run_cache
 __all__ = ['SCHEMA', 'LABELS', 'text_validity', 'validate_records', 'check_usable', 'load_dataset_file', 'normalize_ws',
            'lee_documents', 'needs_train_split', 'train_split_path', 'load_train_split', 'build_lee_news',
            'build_lee_news_kgw', 'dataset_card', 'stratified_sample', 'drop_repeated_human_texts',
-           'benchmark_train_split', 'BenchmarkDataset', 'dataset_path', 'run_data_stage', 'load_run_dataset',
-           'card_markdown']
+           'benchmark_train_split', 'BenchmarkDataset', 'dataset_path', 'data_files', 'check_dataset_specs',
+           'run_data_stage', 'load_run_dataset', 'card_markdown']
 
 # %% ../nbs/00_data.ipynb #64d8f460
 SCHEMA = ["id", "label", "domain", "generator", "text"]
@@ -43,7 +45,7 @@ def _read_table(path: Path):
     import pandas as pd
     if path.suffix == ".jsonl":
         lines = []
-        records = read_jsonl(path, lines)
+        records = _read_jsonl_exact(path, lines)
         _check_unicode(records, lines, path)
         df = pd.DataFrame(records)
         df.attrs["lines"] = lines                     # rows are named by their line in the file
@@ -134,11 +136,71 @@ def check_usable(df, source: str):
     return df
 
 # %% ../nbs/00_data.ipynb #e313986b
+def _not_regular(path: Path) -> str:
+    "What `path` is when it is not a regular file (a folder, a named pipe, ...); '' when it is one."
+    m = path.stat().st_mode
+    if stat.S_ISREG(m): return ""
+    return ("a folder" if stat.S_ISDIR(m) else "a named pipe (FIFO)" if stat.S_ISFIFO(m) else "a socket" if stat.S_ISSOCK(m)
+            else "a device" if stat.S_ISCHR(m) or stat.S_ISBLK(m) else "not a regular file")
+
 def load_dataset_file(path, min_words: int = 10):
-    "A user's dataset file, checked (see `validate_records`)."
+    "A user's dataset file, checked (see `validate_records`); a folder or a named pipe is refused before it is opened."
     path = Path(path)
     if not path.exists(): raise StealthEvalError(f"{path}: no such dataset file")
+    kind = _not_regular(path)
+    if kind: raise StealthEvalError(f"{path}: is {kind}, not a dataset file (a regular .jsonl, .csv or .parquet file)")
     return validate_records(_read_table(path), str(path), min_words)
+
+# %% ../nbs/00_data.ipynb #32aeac3a
+class _Int(int):
+    "A JSON integer that keeps its text."
+class _Float(float):
+    "A JSON number with a fraction or an exponent that keeps its text."
+
+def _literal(cls):
+    def parse(s: str):
+        v = cls(s); v.text = s
+        return v
+    return parse
+
+class _RepeatedKey(Exception): pass
+
+def _json_object(pairs: list) -> dict:
+    "An object from its pairs: a repeated key is refused; numbers become plain, except an `id` (kept with its text)."
+    d = {}
+    for k, v in pairs:
+        if k in d: raise _RepeatedKey(k)
+        d[k] = v if k == "id" or not isinstance(v, (_Int, _Float)) else (int(v) if isinstance(v, _Int) else float(v))
+    return d
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_json_object, parse_int=_literal(_Int), parse_float=_literal(_Float))
+
+# %% ../nbs/00_data.ipynb #f42d555f
+def _exact_id(rec: dict, where: str):
+    "The record's id as written: a number becomes its text, a string stays; true, false, NaN, lists and objects are refused."
+    v = rec.get("id")
+    if isinstance(v, (_Int, _Float)): rec["id"] = v.text
+    elif v is not None and not isinstance(v, str):
+        raise StealthEvalError(f"{where}: id is {json.dumps(v, allow_nan=True)}; an id is a string or a number")
+
+def _read_jsonl_exact(path: Path, lines: list) -> list:
+    "The records of a JSONL dataset file (as `read_jsonl`, `file:line` errors), ids as written, repeated keys refused."
+    records = []
+    for i, line in enumerate(path.read_bytes().split(b"\n"), 1):
+        if i == 1 and line.startswith(b"\xef\xbb\xbf"): line = line[3:]   # a UTF-8 byte-order mark
+        if not line.strip(): continue
+        try: rec = _DECODER.decode(line.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise StealthEvalError(f"{path}:{i}: invalid UTF-8 (byte {e.start} of the line: {e.reason})") from None
+        except json.JSONDecodeError as e: raise StealthEvalError(f"{path}:{i}: not valid JSON ({e.msg} at column {e.colno})") from None
+        except _RepeatedKey as e:
+            raise StealthEvalError(f"{path}:{i}: key {e.args[0]!r} occurs twice in one JSON object; "
+                                   "each key once (the last value would silently win)") from None
+        if not isinstance(rec, dict):
+            raise StealthEvalError(f"{path}:{i}: expected a JSON object, got {json.dumps(rec, allow_nan=True)[:40]}")
+        _exact_id(rec, f"{path}:{i}")
+        records.append(rec); lines.append(i)
+    return records
 
 # %% ../nbs/00_data.ipynb #93b6921c
 def normalize_ws(text: str) -> str: return " ".join(text.split())
@@ -409,6 +471,26 @@ def dataset_path(out_dir, name: str) -> Path:
     d = DATASETS.get(name) if name in DATASETS else None
     return Path(out_dir) / "data" / f"{(d.file if d else '') or name}.jsonl"
 
+# %% ../nbs/00_data.ipynb #281181e4
+def data_files(name: str) -> list:
+    "The files the data stage writes under data/ for dataset `name`: the dataset, its card and its training split."
+    p = dataset_path("", name)
+    return [p.name, p.with_suffix(".card.json").name, p.with_suffix(".train.jsonl").name]
+
+def check_dataset_specs(specs: list) -> list:
+    "Refuse two datasets that would write one file, and a file dataset that takes a registered dataset's name."
+    owner = {}
+    for i, s in enumerate(specs):
+        what = s["path"] if s.get("path") else f"{s['name']} (registered)"
+        if s.get("path") and s["name"] in DATASETS:
+            raise StealthEvalError(f"{s['path']}: a dataset file may not take the name of the registered dataset {s['name']!r} "
+                                   "(its benchmark analyses would apply to this file); rename the file")
+        for f in data_files(s["name"]):
+            j, other = owner.setdefault(f.casefold(), (i, what))
+            if j != i and other == what: raise StealthEvalError(f"dataset {what} is given twice")
+            if j != i: raise StealthEvalError(f"datasets {other} and {what} would both write data/{f}; rename one of them")
+    return specs
+
 # %% ../nbs/00_data.ipynb #d676bc73
 def _write_train_split(cfg: dict, name: str, train: dict | None) -> dict:
     "Write (or remove) data/<name>.train.jsonl; return the card's `train_split` entry: counts, or why there is none."
@@ -427,6 +509,7 @@ def _write_train_split(cfg: dict, name: str, train: dict | None) -> dict:
 def run_data_stage(cfg: dict, cache: Cache | None = None):
     "Build or load every dataset of the run; write `data/<name>.jsonl`, its card and its training split; return a summary."
     import pandas as pd
+    check_dataset_specs(cfg["datasets"])   # the runner checks this before the run; no file of one is written over by another
     cache = cache or run_cache(cfg)
     rows, errors = [], []
     for spec in cfg["datasets"]:
