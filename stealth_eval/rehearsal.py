@@ -260,7 +260,8 @@ def build_rehearsal_model(name: str, folder, scale: str = "full", seed: int = 0,
                           f"({cfg.architectures[0]}, {scale} shape, {n_params / 1e6:,.1f} M parameters) built by "
                           "`stealth_eval.rehearsal`. Its outputs are noise: use it to measure cost, never results.\n")
         if (folder / MARKER).exists(): return folder   # another process finished the same build meanwhile
-        if folder.exists(): shutil.rmtree(folder)       # an older folder without the marker: a partial build
+        if folder.exists():                             # builds land whole (os.replace): not ours, never removed
+            raise StealthEvalError(f"{folder}: exists and is not a rehearsal stand-in (no {MARKER}); move it away")
         os.replace(tmp, folder)
     finally:
         if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
@@ -293,6 +294,11 @@ LAYERS_RUN = {    # sample sizes of the 'layers' rehearsal: real widths, the pap
     "paraphrase_max_new_ratio": 0.5,    # random models never stop: budgets of half a chunk, not two chunks
     "shield": {"random_p": [0.1], "swap_p": [0.1], "rounds": [5]}, "polish": {"degrees": ["minor"], "percents": [10]},
     "n_bootstrap": 100, "n_examples": 4,
+    # The GPU's budgets (8,192 scored / 16,384 embedded tokens a pass) fill every bucket with dummy rows up to the
+    # budget, so that a text's shapes never depend on its batch mates: 16 rows of 512 for a handful of texts, through
+    # Falcon-7b's 65,024 x 4,544 head twice. The same code path with a quarter of the budget keeps that mechanism (the
+    # shapes still depend on each text's length alone) and a quarter of the FLOPs on 2 cores.
+    "score_batch_tokens": 2048, "embed_batch_tokens": 4096,
 }
 
 def _replace_hub_ids(node, folders: dict):

@@ -498,7 +498,11 @@ def cache_report(rep: dict) -> str:
     lines = [f"store {rep['store']}: {rep['entries']} entries ({ns}); {rep['ok']} verified"]
     if rep["problems"]: lines.append("failed: " + "; ".join(f"{n} {p}" for p, n in sorted(rep["problems"].items())))
     if rep["temp_files"]: lines.append(f"{len(rep['temp_files'])} temporary file(s) left by interrupted writes")
-    if "removed" in rep: lines.append(f"removed {len(rep['removed'])} file(s)")
+    if rep.get("foreign"): lines.append(f"{len(rep['foreign'])} file(s) the store did not write: left untouched")
+    if "to_remove" in rep:
+        done = "removed" if rep.get("removed") else "would remove (--dry_run)" if rep["to_remove"] else "removed"
+        lines.append(f"{done} {len(rep['to_remove'])} file(s)" + "".join(f"\n  {x}" for x in rep["to_remove"][:20])
+                     + (f"\n  ... and {len(rep['to_remove']) - 20} more" if len(rep["to_remove"]) > 20 else ""))
     return "\n".join(lines)
 
 # %% ../nbs/90_run.ipynb #3ef51282
@@ -509,12 +513,14 @@ def cache_main(argv) -> int:
                                 "store: every entry's key, format and value digest.")
     p.add_argument("action", choices=["verify", "prune"], help="verify: report, exit 1 if any entry fails; "
                    "prune: delete failing entries and temporary files older than --min_temp_age")
-    p.add_argument("--cache_dir", default=None, help="the store (default: ~/.cache/stealth_eval/store)")
+    p.add_argument("--cache_dir", default=None, help="the store (default: ~/.cache/stealth_eval/store; a store holds the "
+                   "marker file stealth_eval_store.json, and a folder that is not a store is refused)")
     p.add_argument("--min_temp_age", type=float, default=3600, help="seconds before a temporary file counts as abandoned (default 3600)")
+    p.add_argument("--dry_run", action="store_true", help="prune: list what would be removed, remove nothing")
     args = p.parse_args(argv)
     store = resolve_path(args.cache_dir) if args.cache_dir else user_cache_dir() / "store"
     try:
-        rep = verify_store(store) if args.action == "verify" else prune_store(store, args.min_temp_age)
+        rep = verify_store(store) if args.action == "verify" else prune_store(store, args.min_temp_age, dry_run=args.dry_run)
     except StealthEvalError as e:
         print(f"stealth-eval cache: error: {e}", file=sys.stderr)
         return EXIT_USER
