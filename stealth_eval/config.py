@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 
-from .components import BASELINE, DATASETS, DETECTORS, METHODS, load_plugins
-from .core import StealthEvalError, UnknownNameError, deep_merge, read_json, resolve_path
+from .components import BASELINE, DATASETS, DETECTORS, METHODS, Detector, load_plugins
+from .core import StealthEvalError, UnknownNameError, deep_merge, read_json, resolve_path, user_cache_dir
 from .schema import DEVICE_KEYS, DEVICE_PROFILES, RUNNER_KEYS, Section, Settings, SettingsError, _hints, _section_type, _shown, accepts, check_value, type_name
 
 # %% auto #0
-__all__ = ['PIPELINE', 'PROFILE_CHANGES', 'PROFILES', 'profile_settings', 'registries', 'parse_set', 'resolve_device_settings',
-           'resolve_config', 'load_config']
+__all__ = ['PIPELINE', 'PROFILE_CHANGES', 'PROFILES', 'NAMED', 'NAMED_ALSO', 'profile_settings', 'registries', 'check_names',
+           'check_cache_root', 'parse_set', 'resolve_device_settings', 'resolve_config', 'load_config']
 
 # %% ../nbs/03_config.ipynb #4a0d89c3
 PIPELINE = ["00_data", "10_methods", "20_detectors", "30_calibration_metrics", "40_figures"]   # the stage notebooks, in order
@@ -26,6 +28,8 @@ PROFILE_CHANGES = {
     "embedded": {
         # DetectGPT/NPR scored by the generator (white-box, their papers' setting): scored by Gemma they invert (21_perturbation)
         "perturbation": {"scoring_model": "smollm2-135m-instruct"},
+        # M3 guided by local detectors only: the library's first guide, roberta_openai, is a hub classifier (paper profile)
+        "m3_guides": ["fast_detectgpt", "binoculars_single", "ensemble"],
     },
     "tiny": {"extends": "embedded",
         "methods": ["m0", "m5"], "n_candidates": [1],
@@ -56,7 +60,7 @@ PROFILE_CHANGES = {
         "paraphrase_chunk_tokens": 512, "paraphrase_batch_size": 32,
         "perturbation": {"n_perturbations": 100, "batch_size": 128, "fill_batch_tokens": 65536,   # T5-large fills on an 80 GB GPU
                          "scoring_model": None},  # scored by the panel's LM
-        "m3_min_sim": 0.90,
+        "m3_min_sim": 0.90, "m3_guides": ["roberta_openai", "fast_detectgpt", "binoculars_single", "ensemble"],   # spec 7.2
         "methods": ["m0", "m1", "m2", "m3", "m4", "m5"],
         "n_candidates": [1, 2, 4, 8],
         "polish": {"degrees": ["extreme-minor", "minor", "slight-major", "major"], "percents": [1, 5, 10, 20, 35, 50, 75]},
@@ -78,30 +82,77 @@ def registries() -> dict:
     "The dataset, method and detector registries (`stealth_eval.components`; filled by importing their modules: no model loads)."
     return {"dataset": DATASETS, "method": METHODS, "detector": DETECTORS}
 
+# %% ../nbs/03_config.ipynb #3a61da07
+def _has_window(d) -> bool: return type(d).window_of is not Detector.window_of   # scores a token window of its own
+
+NAMED = {   # setting -> (the registry its names are in, the test a component must pass, what failing it means)
+    "score_windows": ("detector", _has_window, "has no token window"),      # keys
+    "data_paths": ("dataset", lambda d: bool(d.folder), "is not read from a folder"),
+    "reward_detectors": ("method", None, ""),
+    "m3_guides": ("detector", None, ""),                                      # items ('ensemble' too)
+    "m3_ensemble": ("detector", None, ""),
+    "sanitize": ("method", None, ""),
+    "acceptance.method": ("method", None, ""),
+}
+NAMED_ALSO = {"m3_guides": ("ensemble",)}   # names a setting takes besides the registry's
+
+def check_names(cfg) -> None:
+    "Raise a one-line error unless every name in a `NAMED` setting of `cfg` is a registered component that suits it."
+    regs = registries()
+    for key, (kind, ok, says) in NAMED.items():
+        v = cfg
+        for p in key.split("."): v = (v or {}).get(p)
+        names = [n for n in ([v] if isinstance(v, str) else list(v or [])) if n not in NAMED_ALSO.get(key, ())]
+        try: regs[kind].check(names)
+        except UnknownNameError as e: raise UnknownNameError(f"{key}: {e}") from None
+        bad = [n for n in names if ok and not ok(regs[kind].get(n))]
+        if bad: raise SettingsError(f"{key}.{bad[0]}: {kind} {bad[0]} {says}")
+
+# %% ../nbs/03_config.ipynb #94d59d98
+def check_cache_root() -> Path:
+    "The user's cache folder, refused in one line unless it is a folder or can become one (its nearest existing parent is)."
+    root = user_cache_dir()
+    name = f"STEALTH_EVAL_CACHE={os.environ['STEALTH_EVAL_CACHE']}" if os.environ.get("STEALTH_EVAL_CACHE") else f"the cache folder {root}"
+    p = root
+    while not p.is_dir():
+        if p.exists() or p.is_symlink():
+            raise StealthEvalError(f"{name}: {p} is not a folder (converted models and the content cache live there; point it at a folder)")
+        if p == p.parent: break
+        p = p.parent
+    if p.is_dir() and not os.access(p, os.W_OK | os.X_OK): raise StealthEvalError(f"{name}: {p} is not writable")
+    return root
+
 # %% ../nbs/03_config.ipynb #02ff3339
 _OPTION = {"plugins": "plugin", "n_candidates": "n_candidates"}
 
-def _set_dotted(cfg: dict, key: str, value):
-    "Set `key` (dotted) of the plain configuration `cfg` to `value`, checked against its field in `schema.Settings`."
-    parts = key.split(".")
+def _set_dotted(cfg: dict, key: str, value, parts: list | None = None):
+    """Set `key` (dotted) of the plain configuration `cfg` to `value`, checked against its field in `schema.Settings`. A
+    section given whole (`data={...}`, `score_windows={...}`) changes only the keys it names, each checked by its own key."""
+    parts = parts or key.split(".")
     if parts[0] in RUNNER_KEYS: raise SettingsError(f"--set {key}: set by the runner's own option --{_OPTION.get(parts[0], parts[0])}")
     cls, node = Settings, cfg
     for i, p in enumerate(parts):
         f = cls.__dataclass_fields__.get(p)
         if f is None: raise SettingsError(f"--set {key}: unknown key. Known keys here: {', '.join(cls.__dataclass_fields__)}")
         tp = _hints(cls)[p]
-        if i == len(parts) - 1:
+        sub, last = _section_type(tp), i == len(parts) - 1
+        is_open = sub is None and isinstance(node.get(p), dict)   # the open sections (score_windows, data_paths, ...): name -> value
+        if last and isinstance(value, Mapping) and (sub is not None or is_open):
+            for k, v in value.items(): _set_dotted(cfg, f"{key}.{k}", v, parts + [k])   # key by key: the others keep theirs
+            return
+        if last:
             try: check_value(key, f, tp, value)
             except SettingsError as e: raise SettingsError(f"--set {e}") from None
             node[p] = value; return
-        sub = _section_type(tp)
         if sub is not None: cls, node = sub, node[p]; continue
-        if not isinstance(node.get(p), dict):    # the open sections (data_paths, score_windows, rehearsal) take any key
-            raise SettingsError(f"--set {key}: {p!r} is not a section of the configuration")
+        if not is_open: raise SettingsError(f"--set {key}: {p!r} is not a section of the configuration")
         inner = typing.get_args(tp)[1] if typing.get_origin(tp) is dict else typing.Any
         if len(parts) != i + 2 or not accepts(inner, value):
             raise SettingsError(f"--set {key}={_shown(value)}: expects {type_name(inner)} under {p}")
-        node[p][parts[-1]] = value; return
+        entry = {**node[p], parts[-1]: value}
+        try: check_value(".".join(parts[:i + 1]), f, tp, entry)   # its range and choices, named by its full key
+        except SettingsError as e: raise SettingsError(f"--set {e}") from None
+        node[p] = entry; return
 
 # %% ../nbs/03_config.ipynb #09a49852
 def parse_set(items) -> dict:
@@ -155,8 +206,8 @@ def resolve_config(profile: str = "embedded", datasets=None, methods=None, detec
         else:
             regs["dataset"].check([d])
             ds_specs.append({"name": d, "path": None})
-    names = [d["name"] for d in ds_specs]
-    if len(set(names)) != len(names): raise StealthEvalError(f"two datasets share a name: {names}")
+    from stealth_eval.data import check_dataset_specs   # lazy: data imports the engine
+    check_dataset_specs(ds_specs)   # one file per dataset; a dataset file never takes a registered dataset's name
     cfg["datasets"] = ds_specs
     cfg["methods"] = regs["method"].check(methods or cfg["methods"])
     if BASELINE not in cfg["methods"]: cfg["methods"] = [BASELINE] + cfg["methods"]   # every TPR drop is measured from it
@@ -165,8 +216,8 @@ def resolve_config(profile: str = "embedded", datasets=None, methods=None, detec
     if not n or any(not isinstance(x, int) or x < 1 for x in n):
         raise StealthEvalError(f"--n_candidates expects positive integers, got {n}")
     cfg["n_candidates"] = sorted(set(n))
-    bad = [m for m in cfg["sanitize"] if m not in regs["method"]]
-    if bad: regs["method"].check(bad)
+    check_names(cfg)                                  # names inside settings: open sections' keys, guides, ...
+    check_cache_root()
     cfg.update(profile=profile, seed=int(seed), out_dir=str(resolve_path(out_dir)), no_cache=bool(no_cache))
     if cfg["cache_dir"]: cfg["cache_dir"] = str(resolve_path(cfg["cache_dir"]))
     return Settings.from_dict(cfg)
@@ -184,4 +235,6 @@ def load_config(path) -> Settings:
     load_plugins(cfg.plugins)
     DATASETS.check([d["name"] for d in cfg["datasets"] if not d.get("path")])
     METHODS.check(cfg["methods"]); DETECTORS.check(cfg["detectors"])
+    try: check_names(cfg)
+    except StealthEvalError as e: raise type(e)(f"{path}: {e}") from None
     return cfg

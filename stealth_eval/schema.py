@@ -16,16 +16,19 @@ from dataclasses import dataclass, field, fields, replace
 from .core import StealthEvalError
 
 # %% auto #0
-__all__ = ['RUNNER_KEYS', 'DEVICE_PROFILES', 'DEVICE_KEYS', 'setting', 'kind_of', 'type_name', 'accepts', 'SettingsError',
-           'check_value', 'Section', 'section', 'Data', 'Watermark', 'ClassifierOffline', 'Validity', 'Perturbation',
-           'Shield', 'Polish', 'Acceptance', 'Engine', 'Settings', 'settings_rows']
+__all__ = ['MIN_WINDOW', 'MAX_BOOTSTRAP', 'REHEARSAL_KEYS', 'RUNNER_KEYS', 'DEVICE_PROFILES', 'DEVICE_KEYS', 'setting', 'kind_of',
+           'type_name', 'accepts', 'SettingsError', 'check_value', 'Section', 'section', 'Data', 'Watermark',
+           'ClassifierOffline', 'Validity', 'Perturbation', 'Shield', 'Polish', 'Acceptance', 'Engine', 'Settings',
+           'settings_rows']
 
 # %% ../nbs/03_schema.ipynb #c1d89573
-def setting(default, doc: str = "", check: str | None = None, choices: str | None = None, allowed: str = ""):
+def setting(default, doc: str = "", check: str | None = None, choices: str | None = None, allowed: str = "",
+            nonempty: bool = False, at_most: tuple = ()):
     """A settings field: its `default` (lists, dicts and sections copied per object), one line of `doc`, and its range. `check`:
-    'count' (>= 1), 'count0' (>= 0), 'unit' (in (0, 1]), 'positive' (> 0), None (not negative); `choices`: a regular
-    expression every string value must match in full, described to the user by `allowed`."""
-    meta = {"doc": doc, "check": check, "choices": choices, "allowed": allowed or choices}
+    'count' (>= 1), 'count0' (>= 0), 'unit' (in (0, 1]), 'positive' (> 0), 'window' (>= MIN_WINDOW tokens), None (not
+    negative); `choices`: a regular expression every string value must match in full, described to the user by `allowed`;
+    `nonempty`: a list a later stage reads, so it needs a value; `at_most`: (upper bound, why) of a size."""
+    meta = {"doc": doc, "check": check, "choices": choices, "allowed": allowed or choices, "nonempty": nonempty, "at_most": at_most}
     if isinstance(default, (list, dict, Mapping)): return field(default_factory=functools.partial(copy.deepcopy, default), metadata=meta)
     return field(default=default, metadata=meta)
 
@@ -72,28 +75,44 @@ class SettingsError(StealthEvalError):
 
 def _shown(v) -> str: return v if isinstance(v, str) else json.dumps(v, default=dict)   # as typed after `key=`
 
+MIN_WINDOW = 3   # a token window of W tokens predicts W - 1 of them; the likelihood statistics need 2 (20_detectors)
+
 _RANGES = {"count": (lambda x: x >= 1, "must be a positive count"), "count0": (lambda x: x >= 0, "must be >= 0"),
            "unit": (lambda x: 0 < x <= 1, "values must lie in (0, 1]"), "positive": (lambda x: x > 0, "must be > 0"),
+           "window": (lambda x: x >= MIN_WINDOW, f"a window scores nothing below {MIN_WINDOW} tokens"),
            None: (lambda x: x >= 0, "must not be negative")}
+
+def _parts(key: str, value) -> list:
+    "(how a part of `value` reads in a message, the part): a list's items (named by the list), an open section's entries."
+    if isinstance(value, list): return [(f"{key}={_shown(value)}", x) for x in value]
+    if isinstance(value, Mapping) and not isinstance(value, Section): return [(f"{key}.{k}={_shown(x)}", x) for k, x in value.items()]
+    return [(f"{key}={_shown(value)}", value)]
 
 def check_value(key: str, f, tp, value):
     "Raise a one-line `SettingsError` unless `value` suits field `f` (annotated `tp`); `key` is its dotted name."
     if not accepts(tp, value):
         d = f.default_factory() if callable(f.default_factory) else f.default
         eg = "" if d is None else f" (e.g. {_shown(d)})"
-        got = kind_of(value)
+        got, inner = kind_of(value), typing.get_args(tp)
         if isinstance(value, list) and typing.get_origin(tp) is list:   # name the element that does not fit
-            got = "a list holding " + next(kind_of(x) for x in value if not accepts(typing.get_args(tp)[0], x))
+            got = "a list holding " + next(kind_of(x) for x in value if not accepts(inner[0], x))
+        if isinstance(value, Mapping) and typing.get_origin(tp) is dict:   # name the entry that does not fit
+            k, x = next((k, x) for k, x in value.items() if not (isinstance(k, str) and accepts(inner[1], x)))
+            raise SettingsError(f"{key}.{k}={_shown(x)}: expects {type_name(inner[1])} under {key}, got {kind_of(x)}")
         raise SettingsError(f"{key}={_shown(value)}: expects {type_name(tp)}{eg}, got {got}")
+    if f.metadata.get("nonempty") and isinstance(value, list) and not value:
+        raise SettingsError(f"{key}=[]: needs at least one value (e.g. {_shown(f.default_factory())})")
     ok, says = _RANGES[f.metadata.get("check")]
-    for x in (value if isinstance(value, list) else [value]):
+    most, why = f.metadata.get("at_most") or (math.inf, "")
+    for shown, x in _parts(key, value):
         if isinstance(x, bool) or not isinstance(x, (int, float)): continue
-        if isinstance(x, float) and not math.isfinite(x): raise SettingsError(f"{key}={_shown(value)}: must be a finite number, got {x}")
-        if not ok(x): raise SettingsError(f"{key}={_shown(value)}: {says}, got {x}")
+        if isinstance(x, float) and not math.isfinite(x): raise SettingsError(f"{shown}: must be a finite number, got {x}")
+        if not ok(x): raise SettingsError(f"{shown}: {says}, got {x}")
+        if x > most: raise SettingsError(f"{shown}: must be at most {most} ({why})")
     pat = f.metadata.get("choices")
-    for x in (value if isinstance(value, list) else [value]):
+    for shown, x in _parts(key, value):
         if pat and isinstance(x, str) and not re.fullmatch(pat, x):
-            raise SettingsError(f"{key}={_shown(value)}: {x!r} is not allowed; use {f.metadata['allowed']}")
+            raise SettingsError(f"{shown}: {x!r} is not allowed; use {f.metadata['allowed']}")
 
 # %% ../nbs/03_schema.ipynb #077a1920
 @functools.cache
@@ -237,6 +256,10 @@ class Shield(Section):
     mi_top_saved: int = setting(100, "ranked words saved to models/shield_mi_<dataset>.json", "count")
     batch_size: int = setting(8, "texts per proposal batch", "count")
 
+    def check(self):   # an empty list turns its strategy off; all three empty leave SHIELD nothing to do
+        if not (self.random_p or self.swap_p or self.rounds):
+            raise SettingsError("shield: random_p, swap_p and rounds are all empty (SHIELD would write nothing; leave shield out of --methods)")
+
 @section("polish")
 class Polish(Section):
     "APT-Eval polishing of human texts (labelled human; 12_humanify)."
@@ -248,6 +271,10 @@ class Polish(Section):
     min_similarity: float = setting(0.85, "polished texts less similar than this to their source are marked invalid", "unit")
     max_new_tokens: int = setting(1024, "answer budget", "count")
     batch_size: int = setting(8, "texts per batch", "count")
+
+    def check(self):
+        if not (self.degrees or self.percents):
+            raise SettingsError("polish: degrees and percents are both empty (polishing would write nothing; leave polish out of --methods)")
 
 # %% ../nbs/03_schema.ipynb #fec44a44
 @section("acceptance")
@@ -277,15 +304,20 @@ class Engine(Section):
 
 # %% ../nbs/03_schema.ipynb #09a8e771
 _DEVICE, _DEVICES = r"auto|cpu|mps|cuda(:[0-9]+)?", "auto, cpu, mps, cuda or cuda:N"
+# every CI holds (n_bootstrap, texts) resample indices and scores in memory (30_calibration_metrics): at this bound,
+# 8 bytes x 10,000 x 5,000 texts = 0.4 GB per array; past it the Monte Carlo error of a percentile interval is far
+# below the sampling error it measures
+MAX_BOOTSTRAP = 10_000
+REHEARSAL_KEYS = ("scale", "seed", "measure_models", "banner", "models")   # what 06_rehearsal reads and writes
 
 @section("")
 class Settings(Section):
     "Every setting of a run (what `config.json` holds)."
-    datasets: list[str | dict] = setting(["lee_news"], "registered dataset names or {name, path} specs of .jsonl/.csv/.parquet files")
+    datasets: list[str | dict] = setting(["lee_news"], "registered dataset names or {name, path} specs of .jsonl/.csv/.parquet files", nonempty=True)
     plugins: list[str] = setting([], ".py files or modules that register more datasets, methods or detectors")
-    methods: list[str] = setting(["m0", "m1", "m3", "m5"], "attacks (M0 is always added: every drop is measured from it)")
-    detectors: list[str] = setting(["log_likelihood", "log_rank", "rank", "entropy", "lrr", "fast_detectgpt", "binoculars_single"], "detector panel")
-    n_candidates: list[int] = setting([1, 4], "the budget sweep: one pool of max(N) candidates per text serves every N", "count")
+    methods: list[str] = setting(["m0", "m1", "m3", "m5"], "attacks (M0 is always added: every drop is measured from it)", nonempty=True)
+    detectors: list[str] = setting(["log_likelihood", "log_rank", "rank", "entropy", "lrr", "fast_detectgpt", "binoculars_single"], "detector panel", nonempty=True)
+    n_candidates: list[int] = setting([1, 4], "the budget sweep: one pool of max(N) candidates per text serves every N", "count", nonempty=True)
     device: str = setting("auto", "torch device", choices=_DEVICE, allowed=_DEVICES)
     device_profile: str = setting("auto", "whose computation settings the run takes: cpu, gpu (also on a CPU: how CI exercises a GPU run's "
                                   "branches) or auto (from the device); fills every 'auto' below (DEVICE_PROFILES)",
@@ -305,7 +337,7 @@ class Settings(Section):
     classifier_offline: ClassifierOffline = setting(ClassifierOffline(), "the offline supervised detector")
     watermark: Watermark = setting(Watermark(), "KGW watermark")
     data: Data = setting(Data(), "sampling and generation of the evaluation texts")
-    homoglyph_rates: list[float] = setting([0.001, 0.005, 0.01, 0.02], "share of characters replaced (M5)", "unit")
+    homoglyph_rates: list[float] = setting([0.001, 0.005, 0.01, 0.02], "share of characters replaced (M5)", "unit", nonempty=True)
     paraphraser: str = setting("smollm2-135m-instruct", "instruct LM of M1/M2/M3 and of the polishing prompts")
     paraphrase_temperature: float = setting(0.9, "paraphrase sampling temperature")
     paraphrase_top_p: float = setting(0.95, "paraphrase nucleus mass", "unit")
@@ -319,8 +351,8 @@ class Settings(Section):
     authormist_model: str = setting("authormist/authormist-originality", "M4 (hub)")
     authormist_temperature: float = setting(0.7, "M4 sampling temperature")
     authormist_top_p: float = setting(0.9, "M4 nucleus mass", "unit")
-    m3_guides: list[str] = setting(["roberta_openai", "fast_detectgpt", "binoculars_single", "ensemble"], "guidance rules of M3 (spec 7.2)")
-    m3_ensemble: list[str] | None = setting(None, "members of the ensemble guide (None: every detector guide above)")
+    m3_guides: list[str] = setting(["roberta_openai", "fast_detectgpt", "binoculars_single", "ensemble"], "guidance rules of M3 (spec 7.2): registered detectors or 'ensemble'", nonempty=True)
+    m3_ensemble: list[str] | None = setting(None, "members of the ensemble guide, registered detectors (None: every detector guide above)")
     m3_min_sim: float = setting(0.80, "similarity floor of guided selection (spec: 0.90 for E5)", "unit")
     m3_token_guided: bool = setting(False, "Cheng et al. token-level guided decoding (expensive)")
     m3_token_temperature: float = setting(0.6, "token-guided decoding temperature")
@@ -331,17 +363,19 @@ class Settings(Section):
     shield_mlm: str | None = setting(None, "masked LM proposing words (paper: roberta-base); None: causal-LM infill")
     shield_infill_lm: str = setting("smollm2-135m-instruct", "causal LM of SHIELD's offline infill")
     polish: Polish = setting(Polish(), "APT-Eval polishing")
-    sanitize: list[str] = setting(["m0", "m5"], "methods whose outputs are also scored after sanitize()")
-    score_max_tokens: int = setting(512, "longer texts are truncated for scoring (recorded per row)", "count")
-    score_windows: dict[str, int | str] = setting({}, "detector -> its token window ('profile', 'model' or a number)")
+    sanitize: list[str] = setting(["m0", "m5"], "registered methods whose outputs are also scored after sanitize()")
+    score_max_tokens: int = setting(512, "longer texts are truncated for scoring (recorded per row)", "window")
+    score_windows: dict[str, int | str] = setting({}, "registered detector with a token window -> its window ('profile', 'model' or a number of tokens)",
+                                                  "window", "profile|model", "profile, model or a number of tokens")
     score_batch_tokens: int | str = setting("auto", "tokens per scoring forward pass (0: one unpadded text; 'auto': the device profile's)", "count0", "auto", "auto or a number of tokens")
     score_bucket_tokens: int = setting(64, "padded lengths are multiples of this (a text's batch shape = f(its length))", "count")
     embed_batch_tokens: int | str = setting("auto", "tokens per embedding pass (0: one unpadded text; 'auto': the device profile's)", "count0", "auto", "auto or a number of tokens")
     embed_bucket_tokens: int = setting(32, "padded embedding lengths are multiples of this, capped at the encoder's positions", "count")
     decode_kv_gb: float | str = setting("auto", "KV-cache memory (GiB) of one decode batch: rows = min(batch size, this / KV bytes per row); 'auto': the device profile's",
                                         "positive", "auto", "auto or a number of GiB")
-    fpr_targets: list[float] = setting([0.01], "false-positive rates, calibrated on human texts only", "unit")
-    n_bootstrap: int = setting(1000, "bootstrap resamples of every CI", "count")
+    fpr_targets: list[float] = setting([0.01], "false-positive rates, calibrated on human texts only", "unit", nonempty=True)
+    n_bootstrap: int = setting(1000, f"bootstrap resamples of every CI (at most {MAX_BOOTSTRAP}: each holds its resamples in memory)", "count",
+                                 at_most=(MAX_BOOTSTRAP, "a CI holds n_bootstrap x texts resamples in memory: 10000 x 5000 texts is 0.4 GB per array"))
     ci_level: float = setting(0.95, "confidence level", "unit")
     validity: Validity = setting(Validity(), "validity of attacked texts")
     n_examples: int = setting(8, "curated examples in qual_examples.md", "count0")
@@ -350,16 +384,21 @@ class Settings(Section):
     tau_cv_folds: int = setting(5, "cross-validated tau-undetectability: folds grouped by source id", "count")
     trust_remote_code: bool = setting(False, "let transformers run a model repository's own code")
     cache_dir: str | None = setting(None, "content cache (None: ~/.cache/stealth_eval/store or $STEALTH_EVAL_CACHE/store)")
-    data_paths: dict[str, str] = setting({}, "benchmark name -> folder in the upstream layout (else $STEALTH_EVAL_DATA/<name>)")
+    data_paths: dict[str, str] = setting({}, "registered dataset read from a folder -> that folder, in the upstream layout (else $STEALTH_EVAL_DATA/<name>)")
     reward_detectors: dict[str, list[str]] = setting({"m2": ["roberta_openai", "fast_detectgpt"], "m4": ["originality_ai"]},
-        "method -> the detectors it was optimised against (M2: its reward; M4: its model card; M3: each row's guide=, added)")
+        "registered method -> the detectors it was optimised against, registered or not (M2: its reward; M4: its model card; "
+        "M3: each row's guide=, added)")
     acceptance: Acceptance = setting(Acceptance(), "thresholds of the spec's acceptance criteria (35_acceptance)")
     engine: Engine = setting(Engine(), "where the per-text work runs: this process or a Ray cluster (08_engine); never part of a result's key")
-    rehearsal: dict | None = setting(None, "the rehearsal profile's stand-ins (06_rehearsal)")
+    rehearsal: dict | None = setting(None, f"the rehearsal profile's stand-ins (06_rehearsal; keys: {', '.join(REHEARSAL_KEYS)})")
     profile: str = setting("embedded", "the profile these settings started from")
     seed: int = setting(0, "seed of every sampler and resample", "count0")
     out_dir: str = setting("artifacts", "run folder")
     no_cache: bool = setting(False, "recompute everything (the cache is still written)")
+
+    def check(self):
+        unknown = [k for k in (self.rehearsal or {}) if k not in REHEARSAL_KEYS]
+        if unknown: raise SettingsError(f"rehearsal.{unknown[0]}: unknown key. Known keys here: {', '.join(REHEARSAL_KEYS)}")
 
 RUNNER_KEYS = ("datasets", "methods", "detectors", "n_candidates", "plugins", "profile", "seed", "out_dir", "no_cache")  # own CLI options
 
