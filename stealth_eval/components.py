@@ -60,6 +60,9 @@ class Detector(ABC):
     def window_of(self, cfg: dict):
         "Tokens it scores (None: not a token window)."
         return None
+    def why_none(self, h: str) -> str:
+        "Why the text with sha256 `h` has no statistics (default: `none_reason`; an API detector keeps each text's own)."
+        return self.none_reason
     @abstractmethod
     def compute(self, texts: list, cfg: dict, cache) -> dict:
         "sha256(text) -> statistics (a dict with `stat`, `n_tokens_input` and `truncated`) or None."
@@ -176,7 +179,8 @@ class ComponentRegistry(Registry):
     def all(self) -> dict: return {n: self.get(n) for n in self.names()}
     def __contains__(self, name): return name in self.load().entries
 
-DETECTORS = ComponentRegistry("detector", Detector, ["stealth_eval.detectors", "stealth_eval.perturbation", "stealth_eval.supervised"])
+DETECTORS = ComponentRegistry("detector", Detector, ["stealth_eval.detectors", "stealth_eval.perturbation", "stealth_eval.supervised",
+                                                     "stealth_eval.api_detectors"])
 METHODS = ComponentRegistry("method", Method, ["stealth_eval.methods", "stealth_eval.paraphrase", "stealth_eval.humanify"])
 DATASETS = ComponentRegistry("dataset", Dataset, ["stealth_eval.data"])
 

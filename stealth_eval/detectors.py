@@ -420,7 +420,7 @@ def run_detectors_stage(cfg: dict, cache: Cache | None = None):
         facts = json.dumps(r.get("facts") if isinstance(r.get("facts"), dict) else {}, sort_keys=True, ensure_ascii=False)
         for det in dets:
             st = stats[det.source(cfg)].get(sha256_text(r["text_out"])) if r["valid"] else None
-            reason = r["fail_reason"] if not r["valid"] else ("" if st is not None else det.none_reason)
+            reason = r["fail_reason"] if not r["valid"] else ("" if st is not None else det.why_none(sha256_text(r["text_out"])))
             raw = det.raw(st)
             rows.append({
                 "sample_id": r["sample_id"], "source_id": r.get("source_id") or r["sample_id"], "dataset": r["dataset"], "label": r["label"], "domain": r["domain"],
