@@ -20,7 +20,8 @@ from .schema import Settings
 __all__ = ['PASS', 'FAIL', 'NA', 'verdict', 'parse_setting', 'reward_split', 'mean_tpr', 'tpr_contrast', 'transfer_rows',
            'run_config', 'load_run', 'method_name', 'method_status', 'spec_artifacts', 'check_artifacts',
            'check_m0_high', 'check_attacks_reduce', 'median_ci', 'check_similarity', 'check_transfer',
-           'check_comparisons', 'evaluate', 'acceptance_markdown', 'acceptance_rows', 'write_acceptance']
+           'homoglyph_achieved', 'check_comparisons', 'evaluate', 'acceptance_markdown', 'acceptance_rows',
+           'write_acceptance']
 
 # %% ../nbs/35_acceptance.ipynb #ca088f78
 PASS, FAIL, NA = "pass", "fail", "not applicable"
@@ -347,16 +348,62 @@ def check_transfer(table, transfer: list, cfg: dict, skipped: dict) -> list:
                            transfer={kk: rows[cond][kk] for kk in ("held_out_tpr", "in_reward_tpr", "difference")} if cond in rows else None))
     return out
 
+# %% ../nbs/35_acceptance.ipynb #618b3d24
+def _facts_of_row(f) -> dict:
+    try: return json.loads(f) if isinstance(f, str) else (f if isinstance(f, dict) else {})
+    except ValueError: return {}
+
+def homoglyph_achieved(scores) -> dict:
+    "{dataset: {M5 condition: {nominal, achieved (None: not recorded), slack, n, n_none}}} from the outputs' facts in scores.parquet."
+    if scores is None or "facts" not in scores: return {}
+    s = scores[(scores["method"] == "m5") & (scores["label"] == "ai") & (scores["defense"] == "none")]
+    if "candidate_rank" in s: s = s[s["candidate_rank"] == 0]
+    out = {}
+    for (ds, cond), g in s.drop_duplicates(["dataset", "condition", "sample_id"]).groupby(["dataset", "condition"]):
+        p = parse_setting(cond.partition(":")[2]).get("homoglyph_p")
+        got = [x for x in map(_facts_of_row, g["facts"]) if isinstance(x.get("rate_actual"), (int, float))]
+        out.setdefault(ds, {})[cond] = {
+            "nominal": float(p) if isinstance(p, (int, float)) else None, "n": len(g),
+            "achieved": float(np.mean([x["rate_actual"] for x in got])) if got else None,
+            "slack": float(np.mean([0.5 / x["n_chars"] if x.get("n_chars") else 0.0 for x in got])) if got else 0.0,
+            "n_none": sum(x.get("n_substitutable") == 0 for x in got)}
+    return out
+
 # %% ../nbs/35_acceptance.ipynb #7ff7ca57
-def check_comparisons(table, cfg: dict, skipped: dict) -> list:
-    "Criteria 4a-4c (whole run): AuthorMist (m4), Adversarial Paraphrasing (m3) and the homoglyph sweep (m5) have results."
+def _homoglyph_sweep(g, achieved: dict, acc: dict) -> tuple:
+    """(ok, evidence, numbers) of criterion 4c: the sweep at achieved rates on every dataset M5 ran on, a dataset where no
+    text has a substitutable character (CJK) not applicable, and at least one dataset applicable."""
+    ok, ev, rates, applicable = True, [], {}, 0
+    for ds in sorted(set(g["dataset"]) | set(achieved)):
+        conds = {c: achieved.get(ds, {}).get(c) for c in set(g.loc[g["dataset"] == ds, "condition"]) | set(achieved.get(ds, {}))}
+        got = {}
+        for c, a in conds.items():
+            p = parse_setting(c.partition(":")[2]).get("homoglyph_p")
+            if not isinstance(p, (int, float)): continue
+            rec = a is not None and a["achieved"] is not None
+            got[float(p)] = {"achieved": a["achieved"] if rec else float(p), "recorded": rec, "slack": a["slack"] if rec else 0.0,
+                             "n": a["n"] if a else None, "n_none": a["n_none"] if a else 0}
+        if got and all(x["recorded"] and x["n"] and x["n_none"] == x["n"] for x in got.values()):   # e.g. CJK text
+            ev.append(f"{ds}: not applicable (no text has a character with a look-alike in another script)"); continue
+        applicable += 1
+        sweep = [p for p, x in got.items() if x["achieved"] > 0]
+        hi = [p for p in sweep if got[p]["achieved"] >= acc["homoglyph_min_rate"] - got[p]["slack"] - 1e-12]
+        ok &= bool(hi) and len(sweep) >= acc["homoglyph_min_rates"]
+        say = lambda p, x: f"{100 * p:g}% (" + (f"achieved {100 * x['achieved']:.3g}%" if x["recorded"] else "achieved not recorded") + (
+            f"; {x['n_none']} of {x['n']} texts with no substitutable character" if x["n_none"] else "") + ")"
+        ev.append(f"{ds}: p = " + (", ".join(say(p, got[p]) for p in sorted(got)) or "none"))
+        rates[ds] = {f"{p:g}": got[p]["achieved"] for p in sorted(got)}
+    return ok and applicable > 0, "; ".join(ev), rates
+
+def check_comparisons(table, cfg: dict, skipped: dict, scores=None) -> list:
+    "Criteria 4a-4c (whole run): AuthorMist (m4), Adversarial Paraphrasing (m3) and the homoglyph sweep (m5, at achieved rates) have results."
     acc, out = cfg["acceptance"], []
     t = _main(table)
     t = t[(t["label"] == "ai") & (t["defense"] == "none") & (t["metric"] == "tpr") & (t["n_ai"].fillna(0) > 0)]
     for id, m, crit in (("4a", "m4", "AuthorMist results present"),
                         ("4b", "m3", "Adversarial Paraphrasing baseline present (repository run or guided selection)"),
-                        ("4c", "m5", f"Homoglyph baseline present (p >= {100 * acc['homoglyph_min_rate']:g}% and a sweep of "
-                                     f">= {acc['homoglyph_min_rates']} rates)")):
+                        ("4c", "m5", f"Homoglyph baseline present (achieved p >= {100 * acc['homoglyph_min_rate']:g}% and a "
+                                     f"sweep of >= {acc['homoglyph_min_rates']} rates)")):
         ran, why, skip = method_status(m, table, cfg, skipped)
         if not ran:
             out.append(verdict(id, crit, NA if skip else FAIL, why if not skip else "", reason=why if skip else "")); continue
@@ -371,10 +418,8 @@ def check_comparisons(table, cfg: dict, skipped: dict) -> list:
         if m == "m5":
             rates = sorted({float(parse_setting(s).get("homoglyph_p")) for s in g["setting"].dropna()
                             if isinstance(parse_setting(s).get("homoglyph_p"), (int, float))})
-            hi = [p for p in rates if p >= acc["homoglyph_min_rate"] - 1e-12]
-            ok = bool(hi) and len(rates) >= acc["homoglyph_min_rates"]
-            ev = f"rates p = {', '.join(f'{100 * p:g}%' for p in rates) or 'none'} on {', '.join(dsets)}"
-            out.append(verdict(id, crit, PASS if ok else FAIL, ev, rates=rates, datasets=dsets)); continue
+            ok, ev, achieved = _homoglyph_sweep(g, homoglyph_achieved(scores), acc)
+            out.append(verdict(id, crit, PASS if ok else FAIL, ev, rates=rates, achieved=achieved, datasets=dsets)); continue
         out.append(verdict(id, crit, PASS, ev, **nums))
     return out
 
@@ -397,7 +442,7 @@ def evaluate(run: dict) -> dict:
         crit += check_m0_high(table, cfg) + check_attacks_reduce(scores, cfg)
         if quality is None: crit.append(verdict("2c", "Similarity stays above the target", NA, reason="the run has no quality.parquet"))
         else: crit += check_similarity(quality, table, cfg, run["skipped"])
-        crit += check_transfer(table, transfer, cfg, run["skipped"]) + check_comparisons(table, cfg, run["skipped"])
+        crit += check_transfer(table, transfer, cfg, run["skipped"]) + check_comparisons(table, cfg, run["skipped"], scores)
     order = {k: i for i, k in enumerate(["1", "2", "2a", "2b", "2c", "3", "4a", "4b", "4c", "4"])}
     crit.sort(key=lambda v: (order.get(v["id"], 99), v["dataset"] or ""))
     return {"spec": "stealthrl_evaluation_spec.md §12", "summary": {o: sum(v["verdict"] == o for v in crit) for o in (PASS, FAIL, NA)},

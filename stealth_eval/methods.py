@@ -16,8 +16,8 @@ from .data import load_run_dataset, text_validity
 from .models import row_seed
 
 # %% auto #0
-__all__ = ['method_m0', 'confusable_inverse', 'homoglyph_table', 'homoglyph_attack', 'method_m5', 'sanitize', 'condition_name',
-           'run_methods_stage', 'methods_summary']
+__all__ = ['method_m0', 'confusable_inverse', 'script_of', 'confusable_classes', 'native', 'homoglyph_table', 'homoglyph_attack',
+           'method_m5', 'text_script', 'sanitize', 'condition_name', 'run_methods_stage', 'methods_summary']
 
 # %% ../nbs/10_methods.ipynb #128b1389
 def method_m0(item: dict, cfg: dict) -> list:
@@ -46,31 +46,63 @@ def confusable_inverse() -> dict:
             if len(h) == 1 and not h.isascii(): inv.setdefault(h, set()).add(c)
     return {h: next(iter(cs)) for h, cs in inv.items() if len(cs) == 1}
 
+# %% ../nbs/10_methods.ipynb #4431bdb8
+_CJK = ("CJK", "HIRAGANA", "KATAKANA", "HANGUL", "IDEOGRAPHIC", "BOPOMOFO", "YI")   # written without spaces between words
+_ATTACKED = ("CYRILLIC", "GREEK")   # the scripts whose look-alikes the attack uses (besides ASCII)
+
+@lru_cache(maxsize=None)
+def _name_script(ch: str) -> str:
+    w = unicodedata.name(ch, "").split(" ")
+    if w[0] in ("FULLWIDTH", "HALFWIDTH"): w = w[1:]
+    w = w[0].split("-")[0] if w else ""
+    return "CJK" if w in _CJK else w
+
+@lru_cache(maxsize=None)
+def script_of(ch: str) -> str | None:
+    "A letter's script: its Unicode name's first word ('CYRILLIC SMALL LETTER A' -> 'CYRILLIC'; Han, kana, Hangul -> 'CJK'); None for a non-letter."
+    return (_name_script(ch) or None) if unicodedata.category(ch).startswith("L") else None
+
+@lru_cache(maxsize=1)
+def confusable_classes() -> dict:
+    "ASCII letter/digit -> {script: the NFKC-stable BMP letters of that script confusable with it alone, in code-point order}."
+    out = {}
+    for h, c in confusable_inverse().items():
+        if script_of(h) and unicodedata.normalize("NFKC", h) == h and ord(h) < 0x10000:
+            out.setdefault(c, {}).setdefault(script_of(h), []).append(h)
+    return {c: {s: sorted(hs) for s, hs in by.items()} for c, by in out.items()}
+
+def native(c: str, script: str) -> str | None:
+    "The letter of `script` that ASCII `c` stands for: `c` itself in Latin, else the first of its look-alikes in that script."
+    return c if script == "LATIN" else (confusable_classes().get(c, {}).get(script) or [None])[0]
+
 # %% ../nbs/10_methods.ipynb #48d69c1b
 @lru_cache(maxsize=1)
 def homoglyph_table() -> dict:
-    "ASCII letter/digit -> look-alike substitutes (see the rules above)."
-    inv = confusable_inverse()
-    table = {}
+    "Character -> look-alike substitutes from other scripts: ASCII letters and digits, and each script's letter for an ASCII letter."
+    classes, table = confusable_classes(), {}
     for c in _ascii_alnum():
-        cands = [e for e in _confusables().get(c, []) if len(e["c"]) == 1 and inv.get(e["c"]) == c
-                 and unicodedata.category(e["c"]).startswith("L") and unicodedata.normalize("NFKC", e["c"]) == e["c"]
-                 and ord(e["c"]) < 0x10000]
-        preferred = [e for e in cands if e["n"].startswith(("CYRILLIC", "GREEK"))]
-        chosen = sorted({e["c"] for e in (preferred or cands)})
+        by = classes.get(c, {})
+        preferred = [h for s in _ATTACKED for h in by.get(s, [])]
+        chosen = sorted(preferred or [h for hs in by.values() for h in hs])
         if chosen: table[c] = chosen
+    for c, by in classes.items():   # the other way: Cyrillic а -> Latin a or Greek α
+        if not c.isalpha(): continue
+        for s in _ATTACKED:
+            if s in by: table[by[s][0]] = [c] + [by[o][0] for o in _ATTACKED if o != s and o in by]
     return table
 
 # %% ../nbs/10_methods.ipynb #a86707c0
 def homoglyph_attack(text: str, rate: float, seed: int) -> tuple:
-    "Replace round(rate × len(text)) substitutable characters by homoglyphs; return (text, facts)."
+    "Replace round(rate × len(text)) substitutable characters by homoglyphs; return (text, facts): achieved rate, or why none."
     table = homoglyph_table()
     positions = [i for i, ch in enumerate(text) if ch in table]
     k = min(int(round(rate * len(text))), len(positions))
     rng = random.Random(seed)
     chars = list(text)
     for i in sorted(rng.sample(positions, k)): chars[i] = rng.choice(table[chars[i]])
-    return "".join(chars), {"n_substituted": k, "rate_actual": k / max(len(text), 1), "rate_target": rate}
+    facts = {"n_substituted": k, "n_substitutable": len(positions), "n_chars": len(text), "rate_actual": k / max(len(text), 1), "rate_target": rate}
+    if text and not positions: facts["invalid_reason"] = "homoglyphs: no character with a look-alike in another script"
+    return "".join(chars), facts
 
 # %% ../nbs/10_methods.ipynb #3a52c5f7
 def method_m5(item: dict, cfg: dict) -> list:
@@ -85,12 +117,58 @@ METHODS.register(FunctionMethod(name="m5", fn=method_m5, batched=False, color="C
                                 reference="homoglyph substitution (Unicode confusables)"))
 
 # %% ../nbs/10_methods.ipynb #74694266
+def _key(ch: str) -> str | None:
+    return ch if ch in confusable_classes() else confusable_inverse().get(ch)
+
+@lru_cache(maxsize=None)
+def _info(ch: str) -> tuple:
+    "(script, ASCII letter/digit it looks like or None) of a character as NFKC reads it (Greek lunate ϲ: ('GREEK', 'c'))."
+    n = unicodedata.normalize("NFKC", ch)
+    return (script_of(n[0]) if n else None), (_key(ch) or (_key(n) if len(n) == 1 else None))
+
+def _majority(scripts, prefer: str | None = None) -> str | None:
+    from collections import Counter
+    n = Counter(s for s in scripts if s)
+    return min(n, key=lambda s: (-n[s], s != prefer)) if n else None
+
+def text_script(text: str) -> str:
+    "The majority script of the text's anchor letters (letters with no look-alike), else of its letters; 'LATIN' without letters."
+    info = [_info(ch) for ch in text]
+    return _majority(s for s, k in info if k is None) or _majority(s for s, _ in info) or "LATIN"
+
+def _word_script(word: list, text_s: str) -> str:
+    info = [_info(ch) for ch in word]
+    anchors = [s for s, k in info if s and k is None]
+    if anchors: return _majority(anchors, prefer=text_s)
+    scripts = {s for s, _ in info} - {None}
+    if not scripts or text_s in scripts or text_s == "LATIN": return text_s
+    return _majority((s for s, _ in info), prefer=text_s)
+
+def _restore(ch: str, script: str, number: bool) -> str:
+    "`ch` inside a word of `script` (`number`: the word holds an ASCII digit)."
+    s, k = _info(ch)
+    if k is None: return ch
+    if script == "LATIN" or (number and k.isdigit()): return k
+    if s is None or s == script or not k.isalpha(): return ch
+    return native(k, script) or ch
+
+# %% ../nbs/10_methods.ipynb #1f193bf9
+def _breaks(ch: str) -> bool:
+    return ch.isspace() or unicodedata.category(ch).startswith("P") or _name_script(ch) == "CJK"
+
 def sanitize(text: str) -> str:
-    "NFKC, drop format (Cf) characters, map single-ASCII confusables back to ASCII."
+    "Drop format (Cf) characters, map look-alikes of a script foreign to their word to the word's script, NFKC."
+    from itertools import groupby
     if not isinstance(text, str): return text
-    inv = confusable_inverse()
-    t = unicodedata.normalize("NFKC", text)
-    return "".join(inv.get(ch, ch) for ch in t if unicodedata.category(ch) != "Cf")
+    t = [ch for ch in text if unicodedata.category(ch) != "Cf"]
+    text_s, out = text_script(t), []
+    for brk, run in groupby(t, key=_breaks):
+        for word in ([c] for c in run) if brk else [list(run)]:
+            s, number = _word_script(word, text_s), any(c.isascii() and c.isdigit() for c in word)
+            out += [_restore(c, s, number) for c in word]
+    if text_s != "CJK": return unicodedata.normalize("NFKC", "".join(out))
+    # CJK: full-width punctuation, digits and spaces, half-width kana are native there: NFKC for other letters only
+    return "".join(unicodedata.normalize("NFKC", ch) if _info(ch)[0] not in (None, "CJK") else ch for ch in out)
 
 # %% ../nbs/10_methods.ipynb #c2193d07
 # The methods register themselves where they are defined: m0 and m5 above, m1-m4 in stealth_eval.paraphrase
