@@ -93,6 +93,8 @@ NAMED = {   # setting -> (the registry its names are in, the test a component mu
     "m3_ensemble": ("detector", None, ""),
     "sanitize": ("method", None, ""),
     "acceptance.method": ("method", None, ""),
+    "api.spend_limit": ("detector", lambda d: d.family == "commercial", "is not an API detector"),
+    "api.base_url": ("detector", lambda d: d.family == "commercial", "is not an API detector"),
 }
 NAMED_ALSO = {"m3_guides": ("ensemble",)}   # names a setting takes besides the registry's
 
@@ -208,6 +210,9 @@ def resolve_config(profile: str = "embedded", datasets=None, methods=None, detec
             ds_specs.append({"name": d, "path": None})
     from stealth_eval.data import check_dataset_specs   # lazy: data imports the engine
     check_dataset_specs(ds_specs)   # one file per dataset; a dataset file never takes a registered dataset's name
+    if cfg.get("calibrate_on") and cfg["calibrate_on"] not in [d["name"] for d in ds_specs]:
+        raise SettingsError(f"calibrate_on={cfg['calibrate_on']}: not a dataset of this run (its datasets: "
+                            f"{', '.join(d['name'] for d in ds_specs)})")
     cfg["datasets"] = ds_specs
     cfg["methods"] = regs["method"].check(methods or cfg["methods"])
     if BASELINE not in cfg["methods"]: cfg["methods"] = [BASELINE] + cfg["methods"]   # every TPR drop is measured from it

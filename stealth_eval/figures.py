@@ -26,9 +26,9 @@ __all__ = ['ABBREV', 'PALETTE', 'HEATMAP_CMAP', 'IN_REWARD_COLOR', 'COLUMN_IN', 
            'method_color', 'palette', 'figure_theme', 'themed', 'detector_colors', 'heatmap_data', 'heatmap_layout',
            'text_color', 'plot_heatmap', 'in_reward_cells', 'pareto_front', 'tradeoff_data', 'place_labels',
            'plot_tradeoff', 'budget_sweep_data', 'plot_budget_sweep', 'roc_curve', 'strongest_attack', 'roc_data',
-           'plot_roc', 'shield_data', 'plot_shield', 'detector_models', 'main_table', 'transfer_data', 'transfer_table',
-           'sanitize_rows', 'sanitize_table', 'plot_sanitize', 'mark_non_ascii', 'spread_conditions', 'qual_examples',
-           'run_figures_stage']
+           'plot_roc', 'shield_data', 'plot_shield', 'fpr_transfer_data', 'plot_fpr_transfer', 'detector_models',
+           'main_table', 'transfer_data', 'transfer_table', 'sanitize_rows', 'sanitize_table', 'plot_sanitize',
+           'mark_non_ascii', 'spread_conditions', 'qual_examples', 'run_figures_stage']
 
 # %% ../nbs/40_figures.ipynb #623d8554
 def split_condition(c: str) -> tuple:
@@ -652,6 +652,49 @@ def plot_shield(r, path) -> dict:
     _save(fig, path)
     return data
 
+# %% ../nbs/40_figures.ipynb #5510af5a
+def fpr_transfer_data(table, fpr: float = 0.01, defense: str = "none") -> dict:
+    "{detector: (calibration datasets, evaluated datasets, value grid, low grid, high grid)} of the realised FPR rows."
+    t = table[(table["family"] == "transfer") & (table["metric"] == "transfer:fpr_realised") & (table["defense"] == defense)]
+    t = t[np.isclose(t["fpr_target"].to_numpy(np.float64), fpr, rtol=0, atol=1e-12)]
+    out = {}
+    for det, g in t.groupby("detector", sort=True):
+        cal = sorted(g["group"].str.removeprefix("calibrated on ").unique())
+        ev = sorted(g["dataset"].unique())
+        grids = [np.full((len(cal), len(ev)), np.nan) for _ in range(3)]
+        for _, x in g.iterrows():
+            i, j = cal.index(x["group"].removeprefix("calibrated on ")), ev.index(x["dataset"])
+            for k, col in enumerate(("value", "ci_low", "ci_high")): grids[k][i, j] = x[col]
+        out[det] = (cal, ev, *grids)
+    return out
+
+@themed
+def plot_fpr_transfer(table, path, fpr: float = 0.01) -> dict:
+    "Write the realised-FPR heatmaps (a panel per detector); return their data, {} when the run has one dataset."
+    data = fpr_transfer_data(table, fpr)
+    if not data: return {}
+    from matplotlib.colors import LogNorm
+    plt = _plt()
+    n = len(data); nc = min(n, 3); nr = -(-n // nc)
+    cal0, ev0 = next(iter(data.values()))[:2]
+    w = PAGE_IN if nc > 1 else COLUMN_IN
+    cell_h = max(HEAT_CELL_IN[1] * 1.6, 0.35)
+    fig, axes = plt.subplots(nr, nc, figsize=(w, nr * (len(cal0) * cell_h + 1.0) + 0.4), squeeze=False, layout="constrained")
+    norm = LogNorm(vmin=fpr / 10, vmax=min(1.0, fpr * 10))
+    for ax, (det, (cal, ev, v, lo, hi)) in zip(axes.flat, data.items()):
+        im = ax.imshow(np.clip(np.nan_to_num(v, nan=fpr / 10), fpr / 10, 1.0), cmap="RdBu_r", norm=norm, aspect="auto")
+        for i in range(len(cal)):
+            for j in range(len(ev)):
+                txt = "–" if np.isnan(v[i, j]) else f"{v[i, j]:.3f}\n[{lo[i, j]:.3f}, {hi[i, j]:.3f}]"
+                ax.text(j, i, txt, ha="center", va="center", fontsize=MIN_PT,
+                        color=text_color(im.cmap(norm(max(v[i, j], fpr / 10))) if not np.isnan(v[i, j]) else "white"))
+        ax.set_xticks(range(len(ev)), ev, rotation=30, ha="right"); ax.set_yticks(range(len(cal)), cal)
+        ax.set_xlabel("evaluated on (humans)"); ax.set_ylabel("calibrated on"); ax.set_title(det); ax.grid(False)
+    for ax in list(axes.flat)[n:]: ax.axis("off")
+    fig.colorbar(im, ax=axes, shrink=0.8, label=f"realised FPR (log; target {fpr:g})")
+    _save(fig, path)
+    return data
+
 # %% ../nbs/40_figures.ipynb #e1e2ee8b
 def _fmt(v, nd=3): return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.{nd}f}"
 
@@ -896,6 +939,8 @@ def run_figures_stage(cfg: dict) -> list:
                  "no method was run with two or more candidate budgets (settings N=...)"),
                 ("figures/fig_shield.png", lambda p: plot_shield(r, p),
                  "no SHIELD condition (shield:strategy=...,p=... or rounds=...) in this run")]
+    optional.append(("figures/fig_fpr_transfer.png", lambda p: plot_fpr_transfer(pd.read_parquet(out / "metrics.parquet"), p),
+                     "one dataset in this run: no threshold travels (the realised-FPR heatmap needs two or more)"))
     for name, plot, why in optional:
         if plot(out / name): written.append(out / name)
         else: notes[name] = why
@@ -919,4 +964,3 @@ def run_figures_stage(cfg: dict) -> list:
         from stealth_eval.rehearsal import mark_text_artifacts
         mark_text_artifacts(out)
     return files + ["figures_notes.json", "acceptance.md", "acceptance.json"]
-

@@ -15,12 +15,13 @@ from .components import DETECTORS, dataset_analyses, unedited
 from .core import md_tex, stable_hash, write_json
 
 # %% auto #0
-__all__ = ['SHIELD_K', 'SHIELD_LAMBDA', 'TABLE_COLS', 'HIGHER_IS_BETTER', 'RESULT_FILES', 'threshold_at_fpr', 'auroc_rows',
-           'tpr_rows', 'bootstrap_indices', 'detector_metrics', 'calibration_sets', 'condition_scores',
+__all__ = ['SHIELD_K', 'SHIELD_LAMBDA', 'LENGTH_BINS', 'TABLE_COLS', 'HIGHER_IS_BETTER', 'RESULT_FILES', 'threshold_at_fpr',
+           'auroc_rows', 'tpr_rows', 'bootstrap_indices', 'detector_metrics', 'calibration_sets', 'condition_scores',
            'compute_metrics', 'roc_counts_rows', 'wauroc_rows', 'youden_rows', 'sfd', 'urss', 'compute_shield',
            'tau_rows', 'fit_youden_threshold', 'tau_cv', 'compute_tau', 'polish_level', 'compute_apt', 'beemo_version',
-           'compute_beemo', 'metrics_long', 'metrics_json_from_table', 'sample_counts', 'results_info',
-           'output_polishers', 'run_metrics_stage', 'metrics_table', 'extra_tables']
+           'compute_beemo', 'bin_labels', 'length_bin', 'masked_rate_rows', 'compute_deployment', 'metrics_long',
+           'metrics_json_from_table', 'sample_counts', 'results_info', 'output_polishers', 'run_metrics_stage',
+           'metrics_table', 'extra_tables']
 
 # %% ../nbs/30_calibration_metrics.ipynb #57c2c967
 def threshold_at_fpr(h, alpha: float):
@@ -34,16 +35,16 @@ def threshold_at_fpr(h, alpha: float):
 
 # %% ../nbs/30_calibration_metrics.ipynb #afecc5fe
 def auroc_rows(H, A):
-    "AUROC per row for human scores H (B, nh) and AI scores A (B, na); NaN in A is excluded."
+    "AUROC per row for human scores H (B, nh) and AI scores A (B, na); NaN in either is excluded (ties count one half)."
     from scipy.stats import rankdata
     H, A = np.atleast_2d(H).astype(np.float64), np.atleast_2d(A).astype(np.float64)
-    valid = ~np.isnan(A)
-    X = np.concatenate([H, np.where(valid, A, np.inf)], axis=1)
+    vh, valid = ~np.isnan(H), ~np.isnan(A)
+    X = np.concatenate([np.where(vh, H, np.inf), np.where(valid, A, np.inf)], axis=1)   # excluded: above every score
     R = rankdata(X, axis=1)[:, H.shape[1]:]
     nv = valid.sum(1)
     U = np.where(valid, R, 0).sum(1) - nv * (nv + 1) / 2
     with np.errstate(invalid="ignore", divide="ignore"):
-        return U / (H.shape[1] * nv)
+        return U / (vh.sum(1) * nv)
 
 def tpr_rows(A, t):
     "mean(a >= t) per row over non-NaN entries; `t` is one threshold per row."
@@ -528,6 +529,158 @@ def compute_beemo(scores, cfg: dict) -> dict:
             "ci_level": level, "n_bootstrap": B, "seed": seed}
     return {"meta": meta, "datasets": res}
 
+# %% ../nbs/30_calibration_metrics.ipynb #051aba6e
+from .schema import Settings
+LENGTH_BINS = tuple(Settings.__dataclass_fields__["length_bins"].default_factory())   # the setting's default edges
+
+def bin_labels(edges) -> list:
+    "'[a,b)' for each bin of `edges`, the last one '[e,inf)'."
+    e = [int(x) for x in edges]
+    return [f"[{a},{b})" for a, b in zip(e, e[1:])] + [f"[{e[-1]},inf)"]
+
+def length_bin(n_tokens, edges) -> np.ndarray:
+    "The bin index of each length (-1: NaN or below the first edge)."
+    x = np.asarray(n_tokens, dtype=np.float64)
+    i = np.searchsorted(np.asarray(edges, dtype=np.float64), np.nan_to_num(x, nan=-np.inf), side="right") - 1
+    return np.where(np.isnan(x), -1, i)
+
+def masked_rate_rows(X, idx, mask, tb) -> np.ndarray:
+    """Per resample b: the share of the resampled entries of `X` (n,) in `mask` (n,) and not NaN that reach tb[b];
+    `idx` (B, n) are the resample indices (NaN where no entry of the resample is in the mask)."""
+    Xb, Mb = np.asarray(X, np.float64)[idx], np.asarray(mask, bool)[idx] & ~np.isnan(np.asarray(X, np.float64)[idx])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return ((Xb >= np.asarray(tb, np.float64).reshape(-1, 1)) & Mb).sum(1) / Mb.sum(1)
+
+# %% ../nbs/30_calibration_metrics.ipynb #71672c4b
+def _facts(rows, col: str, ids, fill=np.nan) -> np.ndarray:
+    "Column `col` of `rows` (one per sample_id) aligned to `ids` (`fill` where missing or when the column is absent)."
+    if col not in rows.columns: return np.full(len(ids), fill, dtype=object if isinstance(fill, str) else np.float64)
+    s = rows.drop_duplicates("sample_id").set_index("sample_id")[col]
+    return s.reindex(list(ids)).to_numpy()
+
+def _dep_row(family, ds, det, defense, label, group, alpha, entry, condition=None) -> dict:
+    return {"family": family, "dataset": ds, "detector": det, "condition": condition, "defense": defense, "label": label,
+            "group": group, "fpr": alpha, "entry": entry}
+
+def _domain_rows(c, det, h, conds, alpha, t, tb, level, B, seed) -> list:
+    "Per-domain thresholds (RAID's rule) and what the pooled threshold does in each domain."
+    ds, defense, orig = c["dataset"], c["defense"], c["orig"]
+    hdom = _facts(c["hum_rows"][c["hum_rows"]["condition"] == orig], "domain", c["hum_ok"].index, "")
+    adom = {u: _facts(c["ai"], "domain", u, "") for u in c["groups"]}
+    domains = sorted({str(d) for d in hdom} | {str(d) for v in adom.values() for d in v})
+    if len(domains) < 2: return []
+    need, rows = math.ceil(1 / alpha - 1e-9), []
+    for d in domains:
+        m = hdom.astype(str) == d
+        hd = h[m]
+        e = {"n_human": int(m.sum())}
+        e.update(_summarise("fpr_human_pooled", float((hd >= t).mean()) if len(hd) else np.nan,
+                            masked_rate_rows(h, c["idx_h"], m, tb), level))
+        own = len(hd) >= need
+        if own:
+            ih = _resample(len(hd), B, seed, ds, defense, "human", "domain", d)
+            td, tdb = threshold_at_fpr(hd, alpha), threshold_at_fpr(hd[ih], alpha)
+            e.update({"threshold": float(td), "fpr_human": float((hd >= td).mean())})
+        else:
+            e.update({"threshold": None, "note": f"{len(hd)} human texts in domain {d}: fewer than {need}, the target FPR "
+                                                 f"{alpha:g} cannot be reached (no threshold)"})
+        rows.append(_dep_row("domain", ds, det, defense, "human", d, alpha, e))
+        for cond, (a, ia) in conds.items():
+            u = next(u for u, cs in c["groups"].items() if cond in cs)
+            ma = adom[u].astype(str) == d
+            if not ma.any(): continue
+            ad = a[ma]
+            ea = {"n_ai": int((~np.isnan(ad)).sum()), "n_ai_invalid": int(np.isnan(ad).sum())}
+            ea.update(_summarise("tpr_pooled", tpr_rows(ad, [t])[0], masked_rate_rows(a, ia, ma, tb), level))
+            if own:
+                iad = _resample(len(ad), B, seed, ds, defense, "ai", "domain", d, stable_hash(list(u)))
+                tp, tp_b = tpr_rows(ad, [td])[0], tpr_rows(ad[iad], tdb)
+                ea.update({**_summarise("tpr", tp, tp_b, level), **_summarise("asr", 1 - tp, 1 - tp_b, level)})
+            else: ea["note"] = e["note"]
+            rows.append(_dep_row("domain", ds, det, defense, "ai", d, alpha, ea, cond))
+    return rows
+
+def _length_rows(c, det, h, conds, alpha, t, tb, edges, labels, level, B, first: bool) -> list:
+    "TPR, the humans' FPR, length-matched AUROC and the truncated share per token-length bin, at the pooled threshold."
+    ds, defense, orig = c["dataset"], c["defense"], c["orig"]
+    hrows = c["hum_rows"][(c["hum_rows"]["condition"] == orig) & (c["hum_rows"]["detector_name"] == det)]
+    if "len_tokens_out" not in hrows.columns: return []
+    hb = length_bin(_facts(hrows, "len_tokens_out", c["hum_ok"].index).astype(np.float64), edges)
+    Hb = h[c["idx_h"]]
+    rows = []
+    for k, lab in enumerate(labels):
+        mh = hb == k
+        if not mh.any(): continue
+        e = {"n_human": int(mh.sum())}
+        e.update(_summarise("fpr_human", float((h[mh] >= t).mean()), masked_rate_rows(h, c["idx_h"], mh, tb), level))
+        rows.append(_dep_row("length", ds, det, defense, "human", lab, alpha, e))
+    for cond, (a, ia) in conds.items():
+        u = next(u for u, cs in c["groups"].items() if cond in cs)
+        arows = c["ai"][(c["ai"]["condition"] == cond) & (c["ai"]["detector_name"] == det)]
+        ab = length_bin(_facts(arows, "len_tokens_out", u).astype(np.float64), edges)
+        trunc = _facts(arows, "truncated", u)
+        Ab = a[ia]
+        for k, lab in enumerate(labels):
+            ma, mh = ab == k, hb == k
+            if not ma.any(): continue
+            valid = ma & ~np.isnan(a)
+            e = {"n_ai": int(valid.sum()), "n_ai_invalid": int((ma & np.isnan(a)).sum()),
+                 "n_truncated": int(np.sum([bool(x) for x in trunc[valid] if x is not None and x == x]))}
+            e["truncated_share"] = e["n_truncated"] / e["n_ai"] if e["n_ai"] else np.nan
+            tp = float(((a >= t) & valid).sum() / valid.sum()) if valid.any() else np.nan
+            tp_b = masked_rate_rows(a, ia, ma, tb)
+            e.update({**_summarise("tpr", tp, tp_b, level), **_summarise("asr", 1 - tp, 1 - tp_b, level)})
+            if first and mh.any():   # AUROC does not depend on the FPR target: once
+                with np.errstate(invalid="ignore"):
+                    auc = auroc_rows(np.where(mh, h, np.nan), np.where(valid, a, np.nan))[0]
+                    auc_b = auroc_rows(np.where(mh[c["idx_h"]], Hb, np.nan), np.where(ma[ia], Ab, np.nan))
+                e.update(_summarise("auc", auc, auc_b, level))
+            rows.append(_dep_row("length", ds, det, defense, "ai", lab, alpha, e, cond))
+    return rows
+
+def _transfer_rows(sets: list, calibrate_on: str, level) -> list:
+    "Thresholds fitted on one dataset's humans applied to every dataset of the run (same detector and defense)."
+    by = {(c["dataset"], c["defense"]): c for c in sets if len(c["hum_ok"])}
+    rows = []
+    for (C, defense), cc in sorted(by.items()):
+        for (E, d2), ce in sorted(by.items()):
+            if d2 != defense: continue
+            same = C == E
+            for det in sorted(set(cc["dets"]) & set(ce["dets"])):
+                hc, he = cc["hum_ok"][det].to_numpy(np.float64), ce["hum_ok"][det].to_numpy(np.float64)
+                conds = condition_scores(ce, det) if C == calibrate_on else {}
+                for alpha in cc["fpr_targets"]:
+                    t, tb = threshold_at_fpr(hc, alpha), threshold_at_fpr(hc[cc["idx_h"]], alpha)
+                    e = {"n_human": int(len(he)), "threshold": float(t), "calibrated_on": C, "n_human_calibration": int(len(hc))}
+                    e.update(_summarise("fpr_realised", float((he >= t).mean()),
+                                        tpr_rows(he[ce["idx_h"]], tb), level))   # C = E: the same resample as the threshold's
+                    rows.append(_dep_row("transfer", E, det, defense, "human", f"calibrated on {C}", alpha, e))
+                    for cond, (a, ia) in conds.items():
+                        tp, tp_b = tpr_rows(a, [t])[0], tpr_rows(a[ia], tb)
+                        ea = {"n_ai": int((~np.isnan(a)).sum()), "n_ai_invalid": int(np.isnan(a).sum()), "calibrated_on": C,
+                              **_summarise("tpr", tp, tp_b, level), **_summarise("asr", 1 - tp, 1 - tp_b, level)}
+                        rows.append(_dep_row("transfer", E, det, defense, "ai", f"calibrated on {C}", alpha, ea, cond))
+    return rows
+
+def compute_deployment(scores, cfg: dict) -> list:
+    """The deployment views (per-domain thresholds, threshold transfer, length strata) as records
+    {family, dataset, detector, condition, defense, label, group, fpr, entry} for `metrics_long`."""
+    level, B, seed = cfg["ci_level"], cfg["n_bootstrap"], cfg["seed"]
+    edges = list(cfg.get("length_bins") or LENGTH_BINS)
+    labels, rows, sets = bin_labels(edges), [], []
+    for c in calibration_sets(scores, cfg):
+        c["fpr_targets"] = list(cfg["fpr_targets"])
+        sets.append(c)
+        if len(c["hum_ok"]) == 0: continue
+        for det in c["dets"]:
+            h, conds = c["hum_ok"][det].to_numpy(np.float64), condition_scores(c, det)
+            for j, alpha in enumerate(cfg["fpr_targets"]):
+                t, tb = threshold_at_fpr(h, alpha), threshold_at_fpr(h[c["idx_h"]], alpha)
+                rows += _domain_rows(c, det, h, conds, alpha, t, tb, level, B, seed)
+                rows += _length_rows(c, det, h, conds, alpha, t, tb, edges, labels, level, B, j == 0)
+    if len({c["dataset"] for c in sets}) >= 2: rows += _transfer_rows(sets, cfg.get("calibrate_on") or "", level)
+    return rows
+
 # %% ../nbs/30_calibration_metrics.ipynb #ac0f81e7
 import json as _json
 import re as _re
@@ -542,9 +695,9 @@ _COUNTS = {"n_human": "n_human", "n_ai": "n_ai", "n_ai_invalid": "n_invalid", "n
            "n": "n_human"}
 _FPR_BASES = ("delta_tpr", "tpr", "asr", "threshold", "fpr", "flag_rate", "n_flagged")
 _FPR_KEY = _re.compile(r"(?P<pre>" + "|".join(_FPR_BASES) + r")(?P<k>1|@[0-9.eE+-]+)(?P<post>_[a-z]+)?")
-HIGHER_IS_BETTER = {**dict.fromkeys(["auc", "tpr", "tpr_orig", "delta_tpr", "wauroc", "wauroc_mean", "youden_tpr", "youden_j",
+HIGHER_IS_BETTER = {**dict.fromkeys(["auc", "tpr", "tpr_pooled", "tpr_orig", "delta_tpr", "wauroc", "wauroc_mean", "youden_tpr", "youden_j",
                                      "sfd", "urss", "tau", "tau_two_sided", "tau_cv"], True),
-                    **dict.fromkeys(["asr", "fpr_human", "fpr_achieved", "flag_rate", "fpr_neg", "sigma_fpr", "risk", "risk_cv"], False)}
+                    **dict.fromkeys(["asr", "fpr_human", "fpr_achieved", "fpr_realised", "fpr_human_pooled", "flag_rate", "fpr_neg", "sigma_fpr", "risk", "risk_cv"], False)}
 
 def _split_key(key: str) -> tuple:
     "(metric, fpr_target) of a result-file key: 'tpr1_orig' -> ('tpr_orig', 0.01), 'asr' -> ('asr', 0.01), 'auc' -> ('auc', None)."
@@ -602,7 +755,7 @@ def _frame(rows: list):
 
 # %% ../nbs/30_calibration_metrics.ipynb #bc82a6f1
 def metrics_long(scores, metrics: dict, thresholds: dict, shield: dict | None = None, tau: dict | None = None,
-                 apt: dict | None = None, beemo: dict | None = None):
+                 apt: dict | None = None, beemo: dict | None = None, deployment: list | None = None):
     "metrics.parquet: every number of thresholds/metrics.json and of the SHIELD, tau, APT-Eval and Beemo results as one long table."
     s = scores.drop_duplicates(["dataset", "condition"])
     facts = {(d, c): {"method": m, "setting": st, "defense": df} for d, c, m, st, df in
@@ -644,6 +797,10 @@ def metrics_long(scores, metrics: dict, thresholds: dict, shield: dict | None = 
     for ds, dd in (beemo or {}).get("datasets", {}).items():
         for det, cc in dd.items():
             for task, e in cc.items(): rows += _entry_rows(e, base("beemo", ds, det, defense=e.get("defense"), group=task), "beemo", skip=("defense",))
+    for r in deployment or []:   # per-domain thresholds, threshold transfer, length strata (compute_deployment)
+        e = {k: (float("nan") if k == "threshold" and v is None else v) for k, v in r["entry"].items()}
+        rows += _entry_rows(e, base(r["family"], r["dataset"], r["detector"], r["condition"], defense=r["defense"],
+                                    label=r["label"], group=r["group"]), r["family"], fpr=r["fpr"])
     return _frame(rows)
 
 # %% ../nbs/30_calibration_metrics.ipynb #6f600bfd
@@ -748,7 +905,7 @@ def run_metrics_stage(cfg: dict) -> dict:
     write_json(out / "thresholds.json", thresholds)
     shield, tau = compute_shield(scores, cfg), compute_tau(scores, cfg)
     apt, beemo = compute_apt(scores, cfg, output_polishers(scores)), compute_beemo(scores, cfg)
-    table = metrics_long(scores, metrics, thresholds, shield, tau, apt, beemo)
+    table = metrics_long(scores, metrics, thresholds, shield, tau, apt, beemo, compute_deployment(scores, cfg))
     table.to_parquet(out / "metrics.parquet", index=False)
     metrics = metrics_json_from_table(table)                  # metrics.json is a view of the table
     write_json(out / "metrics.json", metrics)
@@ -850,9 +1007,73 @@ def _beemo_tables(Bm: dict) -> list:
                            ["Threshold calibrated at 1% FPR on the negative class of each task."]))
     return out
 
+# %% ../nbs/30_calibration_metrics.ipynb #da3e6b30
+def _pick_alpha(t) -> float:
+    "The FPR target the tables show: 1% when the run has it, else its smallest."
+    a = sorted(set(t["fpr_target"].dropna()))
+    return 0.01 if any(abs(x - 0.01) < 1e-12 for x in a) else (a[0] if a else float("nan"))
+
+def _cell(r) -> str:
+    return "–" if r is None else f"{_f(r['value'])} [{_f(r['ci_low'])}, {_f(r['ci_high'])}]" if r["has_ci"] else _f(r["value"])
+
+def _deployment_tables(t) -> dict:
+    "table name -> [(md, tex)] of the deployment views (per domain, transfer, length strata) in the long table `t`."
+    out = {}
+    t = t[t["family"].isin(["domain", "transfer", "length"])]
+    if not len(t): return out
+    alpha = _pick_alpha(t)
+    t = t[(t["fpr_target"] - alpha).abs() < 1e-12]
+    def get(sub, metric):
+        x = sub[sub["metric"] == metric]
+        return None if not len(x) else x.iloc[0]
+    tr = t[(t["family"] == "transfer") & (t["metric"] == "transfer:fpr_realised")]
+    parts = []
+    for (det, defense), g in tr.groupby(["detector", "defense"], sort=True):
+        evals = sorted(g["dataset"].unique())
+        rows = [[cal.removeprefix("calibrated on ")] + [_cell(get(g[(g["group"] == cal) & (g["dataset"] == e)], "transfer:fpr_realised")) for e in evals]
+                for cal in sorted(g["group"].unique())]
+        parts.append(_md_tex(f"Realised FPR at a {alpha:g} target: {det} (defense {defense}), calibration dataset x evaluated dataset",
+                             ["calibrated on"] + evals, rows,
+                             [f"The threshold reaching FPR {alpha:g} on the row's human texts, applied to the column's human texts; "
+                              "the diagonal is in-distribution. Bootstrap CIs resample both."]))
+    if parts: out["table_fpr_transfer"] = parts
+    parts = []
+    dm = t[t["family"] == "domain"]
+    for (ds, defense), g in dm.groupby(["dataset", "defense"], sort=True):
+        rows = []
+        for (det, dom), gd in g.groupby(["detector", "group"], sort=True):
+            h = gd[gd["label"] == "human"]
+            for cond, ga in [("human", h)] + sorted(((c, x) for c, x in gd[gd["label"] == "ai"].groupby("condition")), key=lambda x: _cond_order(x[0])):
+                if cond == "human":
+                    rows.append([det, dom, "human", _cell(get(ga, "domain:fpr_human_pooled")), _f(get(ga, "domain:threshold")["value"]) if get(ga, "domain:threshold") is not None else "–", "", "", int(ga["n_human"].iloc[0])])
+                else:
+                    rows.append([det, dom, cond, "", "", _cell(get(ga, "domain:tpr_pooled")), _cell(get(ga, "domain:tpr")), int(ga["n_ai"].dropna().iloc[0]) if ga["n_ai"].notna().any() else ""])
+        parts.append(_md_tex(f"Per-domain thresholds at FPR {alpha:g}: {ds} (defense {defense})",
+                             ["detector", "domain", "texts", "FPR of the pooled threshold", "domain threshold", "TPR (pooled threshold)", "TPR (domain threshold)", "n"],
+                             rows, ["RAID's rule: each domain's threshold reaches the target on that domain's humans ('–' where it has too few). "
+                                    "The pooled threshold is the spec's (all domains' humans)."]))
+    if parts: out["table_domain"] = parts
+    parts = []
+    ln = t[t["family"] == "length"]
+    for (ds, defense), g in ln.groupby(["dataset", "defense"], sort=True):
+        rows = []
+        for (det, cond), gc in g.fillna({"condition": "human"}).groupby(["detector", "condition"], sort=True):
+            for b in sorted(gc["group"].unique(), key=lambda s: float(s[1:].split(",")[0])):
+                x = gc[gc["group"] == b]
+                if cond == "human": rows.append([det, "human", b, int(x["n_human"].iloc[0]), _cell(get(x, "length:fpr_human")), "", "", ""])
+                else:
+                    ts = get(x, "length:truncated_share")
+                    rows.append([det, cond, b, int(x["n_ai"].dropna().iloc[0]), "", _cell(get(x, "length:tpr")), _cell(get(x, "length:auc")),
+                                 _f(ts["value"], 2) if ts is not None else "–"])
+        parts.append(_md_tex(f"Length strata at FPR {alpha:g}: {ds} (defense {defense})",
+                             ["detector", "texts", "tokens", "n", "FPR (humans in the bin)", "TPR", "AUROC vs humans in the bin", "truncated"],
+                             rows, ["At the pooled threshold; bins of each evaluated text's own token length."]))
+    if parts: out["table_length"] = parts
+    return out
+
 # %% ../nbs/30_calibration_metrics.ipynb #554dc4de
 def extra_tables(out_dir) -> list:
-    "Write tables/table_{shield,tau,apt,beemo}.{md,tex} for each analysis file present in `out_dir`; return the paths."
+    "Write tables/table_{shield,tau,apt,beemo,fpr_transfer,domain,length}.{md,tex} for each analysis present in `out_dir`; return the paths."
     from stealth_eval.core import atomic_write_text, read_json
     out, written = Path(out_dir), []
     for src, name, fn in (("metrics_shield.json", "table_shield", _shield_tables), ("metrics_tau.json", "table_tau", _tau_tables),
@@ -862,4 +1083,8 @@ def extra_tables(out_dir) -> list:
         if not parts: continue
         written.append(atomic_write_text(out / "tables" / f"{name}.md", "\n".join(md for md, _ in parts)))
         written.append(atomic_write_text(out / "tables" / f"{name}.tex", "\n".join(tex for _, tex in parts)))
+    if (out / "metrics.parquet").exists():   # the deployment views: rows of the long table
+        for name, parts in _deployment_tables(pd.read_parquet(out / "metrics.parquet")).items():
+            written.append(atomic_write_text(out / "tables" / f"{name}.md", "\n".join(md for md, _ in parts)))
+            written.append(atomic_write_text(out / "tables" / f"{name}.tex", "\n".join(tex for _, tex in parts)))
     return written

@@ -20,10 +20,11 @@ import numpy as np
 from .core import StealthEvalError, atomic_write_bytes, atomic_write_text, read_json
 
 # %% auto #0
-__all__ = ['SITE_CSS', 'FIGURE_CAPTIONS', 'FIGURE_ORDER', 'SITE_MODE', 'md_to_html', 'strip_remote_scripts', 'notebook_html',
-           'nav_bar', 'page', 'with_nav', 'notebook_title', 'nav_title', 'figure_caption', 'headline', 'index_body',
-           'run_notebooks', 'check_finished', 'build_site', 'library_notebooks', 'sidebar_yml', 'build_docs',
-           'local_targets', 'missing_resources', 'find_chromium', 'screenshot', 'explorer_data', 'explore']
+__all__ = ['SITE_CSS', 'FIGURE_CAPTIONS', 'FIGURE_ORDER', 'SITE_MODE', 'DEPLOYMENT_METRICS', 'md_to_html', 'strip_remote_scripts',
+           'notebook_html', 'nav_bar', 'page', 'with_nav', 'notebook_title', 'nav_title', 'figure_caption', 'headline',
+           'index_body', 'run_notebooks', 'check_finished', 'build_site', 'library_notebooks', 'sidebar_yml',
+           'build_docs', 'local_targets', 'missing_resources', 'find_chromium', 'screenshot', 'deployment_views',
+           'explorer_data', 'explore']
 
 # %% ../nbs/50_report.ipynb #48edf3a5
 def md_to_html(text: str) -> str:
@@ -104,8 +105,9 @@ FIGURE_CAPTIONS = {
     "fig_roc": "ROC curves on a log FPR axis, negatives = the human calibration texts, for M0 and the strongest attack; circles mark the calibrated 1%-FPR threshold.",
     "fig_shield": "SHIELD hardness curves: mean TPR@1%FPR vs the humanification knob (p or rounds) per strategy; M0 is the knob-0 point.",
     "fig_sanitize": "Homoglyph attack before (solid) and after (dashed) sanitize(), TPR@1%FPR per detector vs substitution rate (spec §9).",
+    "fig_fpr_transfer": "Realised FPR when a threshold travels: calibrated for 1% FPR on the row dataset's human texts, applied to the column dataset's; the diagonal is in distribution (cells: value and 95% bootstrap interval).",
 }
-FIGURE_ORDER = ["fig_heatmap_t1f", "fig_tradeoff", "fig_budget_sweep", "fig_roc", "fig_shield", "fig_sanitize"]
+FIGURE_ORDER = ["fig_heatmap_t1f", "fig_tradeoff", "fig_budget_sweep", "fig_roc", "fig_shield", "fig_sanitize", "fig_fpr_transfer"]
 
 def figure_caption(name: str) -> str:
     stem = Path(name).stem
@@ -306,8 +308,20 @@ def screenshot(html_file, png, chromium: str | None = None, size=(1280, 2400), t
     return png
 
 # %% ../nbs/50_report.ipynb #98449f65
-def explorer_data(run_dir, dataset: str, detector: str, condition: str, n_examples: int = 4, scores=None) -> dict:
-    "What the explorer shows: ROC points, threshold, TPR/FPR at it, AUROC and example texts with scores."
+DEPLOYMENT_METRICS = ("domain:tpr_pooled", "domain:tpr", "transfer:tpr", "length:tpr", "length:auc", "length:truncated_share")
+
+def deployment_views(table, dataset: str, detector: str, condition: str, fpr: float = 0.01) -> list:
+    "The condition's rows of the deployment views (per domain, transfer, length strata) at `fpr`, for the explorer."
+    if table is None or "family" not in table: return []
+    t = table[(table["dataset"] == dataset) & (table["detector"] == detector) & (table["condition"] == condition)
+              & table["metric"].isin(DEPLOYMENT_METRICS)]
+    f = t["fpr_target"].to_numpy(np.float64)
+    t = t[np.isnan(f) | np.isclose(f, fpr, rtol=0, atol=1e-12)]
+    return [{"view": r.family, "group": r.group, "metric": r.metric.split(":", 1)[1], "value": r.value,
+             "ci_low": r.ci_low, "ci_high": r.ci_high} for r in t.sort_values(["family", "group", "metric"]).itertuples()]
+
+def explorer_data(run_dir, dataset: str, detector: str, condition: str, n_examples: int = 4, scores=None, table=None) -> dict:
+    "What the explorer shows: ROC points, threshold, TPR/FPR at it, AUROC, example texts with scores, the deployment views."
     import pandas as pd
     from stealth_eval.components import unedited
     from stealth_eval.figures import roc_curve
@@ -331,7 +345,9 @@ def explorer_data(run_dir, dataset: str, detector: str, condition: str, n_exampl
     return {"dataset": dataset, "detector": detector, "condition": condition, "fpr": fpr, "tpr": tpr, "threshold": t,
             "fpr_at_threshold": float((h >= t).mean()) if t is not None and len(h) else float("nan"),
             "tpr_at_threshold": float((a >= t).mean()) if t is not None and len(a) else float("nan"),
-            "auc": m.get("auc"), "n_human": int(len(h)), "n_ai": int(len(a)), "examples": ex}
+            "auc": m.get("auc"), "n_human": int(len(h)), "n_ai": int(len(a)), "examples": ex,
+            "views": deployment_views(table if table is not None else (pd.read_parquet(run / "metrics.parquet")
+                                      if (run / "metrics.parquet").exists() else None), dataset, detector, condition)}
 
 # %% ../nbs/50_report.ipynb #0f9513c6
 def _roc_png(d: dict) -> bytes:
@@ -358,6 +374,7 @@ def explore(run_dir="artifacts", n_examples: int = 4):
     from stealth_eval.figures import condition_key
     run = Path(run_dir)
     metrics, scores = read_json(run / "metrics.json"), pd.read_parquet(run / "scores.parquet")
+    table = pd.read_parquet(run / "metrics.parquet") if (run / "metrics.parquet").exists() else None
     ds_w = W.Dropdown(options=sorted(metrics), description="dataset")
     det_w, cond_w = W.Dropdown(description="detector"), W.Dropdown(description="condition", layout=W.Layout(width="420px"))
     img, info = W.Image(format="png", layout=W.Layout(flex="0 0 auto")), W.HTML()   # the ROC at its own size, never stretched
@@ -365,7 +382,7 @@ def explore(run_dir="artifacts", n_examples: int = 4):
 
     def draw(*_):
         if busy[0] or det_w.value is None or cond_w.value is None: return
-        d = explorer_data(run, ds_w.value, det_w.value, cond_w.value, n_examples, scores)
+        d = explorer_data(run, ds_w.value, det_w.value, cond_w.value, n_examples, scores, table)
         img.value = _roc_png(d)
         t = "–" if d["threshold"] is None else f"{d['threshold']:.4g}"
         rows = "".join(f"<tr><td>{html.escape(e['sample_id'])}</td><td>{e['score']:.4f}</td><td>{'yes' if e['flagged'] else 'no'}</td>"
@@ -373,6 +390,11 @@ def explore(run_dir="artifacts", n_examples: int = 4):
         info.value = (f"<p><b>threshold</b> {t} (1% FPR target, calibrated on {d['n_human']} human texts) &nbsp; "
                       f"<b>TPR</b> {d['tpr_at_threshold']:.3f} over {d['n_ai']} AI texts &nbsp; <b>FPR</b> {d['fpr_at_threshold']:.3f}</p>"
                       f"<table><tr><th>sample</th><th>score</th><th>flagged</th><th>text</th></tr>{rows}</table>")
+        if d["views"]:   # per domain, threshold transfer, length strata (30_calibration_metrics)
+            ci = lambda v: "" if v["ci_low"] is None or v["ci_low"] != v["ci_low"] else f" [{v['ci_low']:.3f}, {v['ci_high']:.3f}]"
+            info.value += ("<p><b>as a deployment sets the threshold</b></p><table><tr><th>view</th><th>group</th><th>metric</th>"
+                           "<th>value</th></tr>" + "".join(f"<tr><td>{v['view']}</td><td>{html.escape(str(v['group']))}</td>"
+                           f"<td>{v['metric']}</td><td>{v['value']:.3f}{ci(v)}</td></tr>" for v in d["views"]) + "</table>")
 
     def options(*_):
         busy[0] = True

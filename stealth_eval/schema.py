@@ -18,8 +18,8 @@ from .core import StealthEvalError
 # %% auto #0
 __all__ = ['MIN_WINDOW', 'MAX_BOOTSTRAP', 'REHEARSAL_KEYS', 'RUNNER_KEYS', 'DEVICE_PROFILES', 'DEVICE_KEYS', 'setting', 'kind_of',
            'type_name', 'accepts', 'SettingsError', 'check_value', 'Section', 'section', 'Data', 'Watermark',
-           'ClassifierOffline', 'Validity', 'Perturbation', 'Shield', 'Polish', 'Acceptance', 'Engine', 'Settings',
-           'settings_rows']
+           'ClassifierOffline', 'Validity', 'Perturbation', 'Shield', 'Polish', 'Acceptance', 'Api', 'Engine',
+           'Settings', 'settings_rows']
 
 # %% ../nbs/03_schema.ipynb #c1d89573
 def setting(default, doc: str = "", check: str | None = None, choices: str | None = None, allowed: str = "",
@@ -290,6 +290,18 @@ class Acceptance(Section):
     homoglyph_min_rates: int = setting(2, "and holds at least this many rates (a sweep)", "count")
     significant: bool = setting(True, "a reduction counts only when the CI of its difference lies below 0 (False: its point estimate)")
 
+@section("api")
+class Api(Section):
+    "Commercial API detectors (23_api_detectors): retries, spend limits, endpoints; keys only from environment variables."
+    timeout_s: float = setting(30.0, "one request's limit in seconds (a timeout is retried like a 5xx)", "positive")
+    max_attempts: int = setting(5, "tries per text, the first included, on 429, 5xx, timeouts and connection errors", "count")
+    backoff_s: float = setting(1.0, "first exponential backoff wait in seconds when no Retry-After is given", "positive")
+    backoff_max_s: float = setting(60.0, "longest single wait in seconds, a Retry-After included", "positive")
+    spend_limit: dict[str, float] = setting({}, "API detector -> most units of its provider (words, credits, characters, "
+                                            "requests) spent per run; absent: the detector's default limit")
+    base_url: dict[str, str] = setting({}, "API detector -> scheme://host[:port] replacing the provider's (its documented "
+                                       "path kept); else $<PROVIDER>_BASE_URL")
+
 @section("engine")
 class Engine(Section):
     "Where the per-text work of every stage runs (#15): in the stage's own process, or as Ray Data pipelines."
@@ -377,6 +389,10 @@ class Settings(Section):
     n_bootstrap: int = setting(1000, f"bootstrap resamples of every CI (at most {MAX_BOOTSTRAP}: each holds its resamples in memory)", "count",
                                  at_most=(MAX_BOOTSTRAP, "a CI holds n_bootstrap x texts resamples in memory: 10000 x 5000 texts is 0.4 GB per array"))
     ci_level: float = setting(0.95, "confidence level", "unit")
+    calibrate_on: str = setting("", "a dataset of the run whose human texts fit the thresholds applied to every dataset (the "
+                                 "transfer view's TPR and ASR; '' = each dataset's own; the realised-FPR grid is always computed)")
+    length_bins: list[int] = setting([0, 128, 256, 512, 1024], "token edges of the length strata, increasing (the last bin "
+                                     "is open-ended)", "count0", nonempty=True)
     validity: Validity = setting(Validity(), "validity of attacked texts")
     n_examples: int = setting(8, "curated examples in qual_examples.md", "count0")
     shield_k: float = setting(20 * math.log(2), "SHIELD W-AUROC: weight exp(-k FPR) on the ROC (paper value)")
@@ -389,6 +405,7 @@ class Settings(Section):
         "registered method -> the detectors it was optimised against, registered or not (M2: its reward; M4: its model card; "
         "M3: each row's guide=, added)")
     acceptance: Acceptance = setting(Acceptance(), "thresholds of the spec's acceptance criteria (35_acceptance)")
+    api: Api = setting(Api(), "commercial API detectors (23_api_detectors): retries, spend limits, endpoints")
     engine: Engine = setting(Engine(), "where the per-text work runs: this process or a Ray cluster (08_engine); never part of a result's key")
     rehearsal: dict | None = setting(None, f"the rehearsal profile's stand-ins (06_rehearsal; keys: {', '.join(REHEARSAL_KEYS)})")
     profile: str = setting("embedded", "the profile these settings started from")
@@ -399,6 +416,8 @@ class Settings(Section):
     def check(self):
         unknown = [k for k in (self.rehearsal or {}) if k not in REHEARSAL_KEYS]
         if unknown: raise SettingsError(f"rehearsal.{unknown[0]}: unknown key. Known keys here: {', '.join(REHEARSAL_KEYS)}")
+        if any(b <= a for a, b in zip(self.length_bins, self.length_bins[1:])):
+            raise SettingsError(f"length_bins={_shown(self.length_bins)}: the edges must increase")
 
 RUNNER_KEYS = ("datasets", "methods", "detectors", "n_candidates", "plugins", "profile", "seed", "out_dir", "no_cache")  # own CLI options
 
