@@ -214,7 +214,8 @@ def _make_rehearse_args():
 
 
 @pytest.mark.skipif(os.environ.get("STEALTH_EVAL_REHEARSE") != "1",
-                    reason="slow (its scoring stage ran past 20 min on 2 cores, ~10 GB RAM): the paper pipeline on real-width 1-2-block stand-ins; "
+                    reason="slow (51 min on 2 shared cores, 45 of them in 20_detectors's T5 fills and scoring; peak RSS 9.2 GB): the paper "
+                           "pipeline on real-width 1-2-block stand-ins; "
                            "set STEALTH_EVAL_REHEARSE=1 to run it (what `make rehearse` runs)")
 def test_make_rehearse_runs_every_stage_at_real_widths(tmp_path):
     out = tmp_path / "out"
