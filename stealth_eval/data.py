@@ -19,9 +19,9 @@ from .core import (Cache, StealthEvalError, few as _few, file_source, get_logger
 from .engine import run_cache
 
 # %% auto #0
-__all__ = ['SCHEMA', 'LABELS', 'text_validity', 'validate_records', 'check_usable', 'load_dataset_file', 'normalize_ws',
-           'lee_documents', 'needs_train_split', 'train_split_path', 'load_train_split', 'build_lee_news',
-           'build_lee_news_kgw', 'dataset_card', 'stratified_sample', 'drop_repeated_human_texts',
+__all__ = ['SCHEMA', 'LABELS', 'DATASET_NAME', 'text_validity', 'validate_records', 'check_usable', 'load_dataset_file',
+           'normalize_ws', 'lee_documents', 'needs_train_split', 'train_split_path', 'load_train_split',
+           'build_lee_news', 'build_lee_news_kgw', 'dataset_card', 'stratified_sample', 'drop_repeated_human_texts',
            'benchmark_train_split', 'BenchmarkDataset', 'dataset_path', 'data_files', 'check_dataset_specs',
            'run_data_stage', 'load_run_dataset', 'card_markdown']
 
@@ -477,11 +477,18 @@ def data_files(name: str) -> list:
     p = dataset_path("", name)
     return [p.name, p.with_suffix(".card.json").name, p.with_suffix(".train.jsonl").name]
 
+DATASET_NAME = r"\w[\w.-]*"   # letters (any script), digits, _ . -: a dataset's name names files, figure titles, LaTeX tables
+
 def check_dataset_specs(specs: list) -> list:
-    "Refuse two datasets that would write one file, and a file dataset that takes a registered dataset's name."
+    """Refuse a dataset name that files, figures and tables cannot carry, two datasets that would write one file, and a
+    file dataset that takes a registered dataset's name."""
+    import re
     owner = {}
     for i, s in enumerate(specs):
         what = s["path"] if s.get("path") else f"{s['name']} (registered)"
+        if not re.fullmatch(DATASET_NAME, s["name"]):
+            raise StealthEvalError(f"{what}: the dataset name {s['name']!r} (the file's name without its extension) may hold "
+                                   "only letters, digits, '_', '.' and '-' (it names files, figure titles and LaTeX tables); rename the file")
         if s.get("path") and s["name"] in DATASETS:
             raise StealthEvalError(f"{s['path']}: a dataset file may not take the name of the registered dataset {s['name']!r} "
                                    "(its benchmark analyses would apply to this file); rename the file")

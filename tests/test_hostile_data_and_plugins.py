@@ -262,3 +262,10 @@ def test_a_second_plugin_taking_the_first_plugins_name_is_refused(tmp_path):
     finally:
         DETECTORS.entries.pop("shared_issue25", None)
         for f in (first, second): sys.modules.pop(components._module_name(f), None)
+
+
+def test_a_dataset_name_that_files_and_figures_cannot_carry_is_refused_before_the_run(tmp_path, monkeypatch):
+    "Before: the name reached the figures stage (titles, file names, LaTeX) after all the work. Now: one line first."
+    f = write(tmp_path / "my data$1.jsonl")
+    msg = refused_before_the_run([f], tmp_path, monkeypatch)
+    assert "the dataset name 'my data$1'" in msg and "may hold only letters, digits" in msg, msg
