@@ -216,7 +216,10 @@ def resolve_config(profile: str = "embedded", datasets=None, methods=None, detec
     cfg["datasets"] = ds_specs
     cfg["methods"] = regs["method"].check(methods or cfg["methods"])
     if BASELINE not in cfg["methods"]: cfg["methods"] = [BASELINE] + cfg["methods"]   # every TPR drop is measured from it
-    cfg["detectors"] = regs["detector"].check(detectors or cfg["detectors"])
+    from stealth_eval.score_files import expand_score_specs, register_score_files   # lazy: it reads with the data stage's readers
+    dets, cfg["score_files"] = expand_score_specs(detectors or cfg["detectors"], cfg.get("score_files"))
+    register_score_files(cfg["score_files"])      # each file checked now, before any stage: one line naming the row
+    cfg["detectors"] = regs["detector"].check(dets)
     n = list(n_candidates or cfg["n_candidates"])
     if not n or any(not isinstance(x, int) or x < 1 for x in n):
         raise StealthEvalError(f"--n_candidates expects positive integers, got {n}")
@@ -238,6 +241,8 @@ def load_config(path) -> Settings:
     if missing: raise StealthEvalError(f"{path}: not a run configuration (missing {', '.join(missing)})")
     cfg = Settings.from_dict(cfg, where=str(path))
     load_plugins(cfg.plugins)
+    from stealth_eval.score_files import register_score_files
+    register_score_files(cfg.get("score_files"))   # the run's scores files, as its plugins
     DATASETS.check([d["name"] for d in cfg["datasets"] if not d.get("path")])
     METHODS.check(cfg["methods"]); DETECTORS.check(cfg["detectors"])
     try: check_names(cfg)

@@ -406,6 +406,8 @@ class Settings(Section):
         "M3: each row's guide=, added)")
     acceptance: Acceptance = setting(Acceptance(), "thresholds of the spec's acceptance criteria (35_acceptance)")
     api: Api = setting(Api(), "commercial API detectors (23_api_detectors): retries, spend limits, endpoints")
+    score_files: dict[str, str] = setting({}, "NAME -> a scores file ({id or text_sha256, score, direction}: JSON, JSONL, CSV "
+                                          "or Parquet) read as the detector scores:NAME (24_score_files; --detectors scores:PATH)")
     engine: Engine = setting(Engine(), "where the per-text work runs: this process or a Ray cluster (08_engine); never part of a result's key")
     rehearsal: dict | None = setting(None, f"the rehearsal profile's stand-ins (06_rehearsal; keys: {', '.join(REHEARSAL_KEYS)})")
     profile: str = setting("embedded", "the profile these settings started from")

@@ -1,0 +1,57 @@
+"""Scores computed elsewhere as a detector (issue #27.2): `--detectors scores:PATH`.
+
+The file is checked before the run (one line naming the file and the row); its scores then go through calibration,
+the bootstrap, the tables and the figures like any detector's. The end-to-end run reuses a copy of the session's tiny
+run store, and keys the attacked outputs by the SHA-256 of the text, as a user scoring a run's `raw_outputs.jsonl`
+elsewhere would.
+"""
+import hashlib
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+from conftest import run_cli
+
+
+def _sha(t: str) -> str: return hashlib.sha256(t.encode("utf-8")).hexdigest()
+
+
+def test_a_bad_scores_file_is_refused_before_the_run_in_one_line(tmp_path):
+    f = tmp_path / "ext.csv"
+    f.write_text("id,score,direction\n1,0.5,1\n2,NaN,1\n")
+    p = run_cli("--profile", "tiny", "--detectors", f"scores:{f}", "--out_dir", tmp_path / "run", check=False)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines()[-1] == f"stealth-eval: error: {f}: row 2: score 'NaN' is not a finite number"
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_scores_from_a_file_are_calibrated_and_tabled_like_any_detector(tiny_run, tmp_path):
+    store = tmp_path / "store"
+    shutil.copytree(tiny_run["store"], store)
+    raw = [json.loads(l) for l in (tiny_run["out"] / "raw_outputs.jsonl").read_text().splitlines() if l.strip()]
+    data = [json.loads(l) for l in (tiny_run["out"] / "data" / "lee_news.jsonl").read_text().splitlines() if l.strip()]
+    # the originals by their dataset id; the homoglyph outputs by the hash of the text as the run wrote it
+    rows = [{"id": r["id"], "score": (1.0 if r["label"] == "ai" else 0.0) + k / 1000, "direction": 1} for k, r in enumerate(data)]
+    m5 = [r for r in raw if r["method"] == "m5" and r["defense"] == "none" and r["label"] == "ai"]
+    rows += [{"text_sha256": _sha(r["text_out"]), "score": 0.5, "direction": 1} for r in m5[: len(m5) // 2]]
+    f = tmp_path / "ext.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    run_cli("--profile", "tiny", "--methods", "m0", "m5", "--detectors", "log_likelihood", f"scores:{f}", "--offline",
+            "--out_dir", out, "--cache_dir", store)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["detectors"] == ["log_likelihood", "scores:ext"] and cfg["score_files"] == {"ext": str(f.resolve())}
+    s = pd.read_parquet(out / "scores.parquet")
+    e = s[s["detector_name"] == "scores:ext"]
+    assert set(e["detector_family"]) == {"external"} and e["detector_model"].iloc[0].startswith("scores file ext.jsonl@sha256:")
+    orig = e[(e["method"] == "m0") & (e["defense"] == "none")]
+    assert orig["valid"].all() and len(orig) == len(data)
+    att = e[(e["method"] == "m5") & (e["defense"] == "none") & (e["label"] == "ai")]
+    scored = set(_sha(r["text_out"]) for r in m5[: len(m5) // 2])
+    assert att["valid"].tolist() == [_sha(t) in scored for t in att["text_out"]]
+    assert set(att.loc[~att["valid"], "fail_reason"]) == {"not in the scores file"}     # kept, marked, never scored 0
+    m = json.loads((out / "metrics.json").read_text())["lee_news"]["scores:ext"]
+    assert m["m0"]["auc"] == pytest.approx(1.0) and m["m0"]["tpr1"] == pytest.approx(1.0)
+    assert "ext" in (out / "tables" / "table_main_lee_news.md").read_text()
