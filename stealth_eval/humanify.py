@@ -66,14 +66,14 @@ def document_frequencies(records: list) -> dict:
 
 # %% ../nbs/12_humanify.ipynb #d75b3d7c
 def mutual_information(dh: int, da: int, n_h: int, n_a: int, alpha: float = 1.0) -> float:
-    "SHIELD Eq. 1 for one word from its document frequencies (estimator above)."
+    "SHIELD Eq. 1 for one word from its document frequencies (estimator above); a class without the word adds 0 log 0 = 0."
     N, d = n_h + n_a, dh + da
     if d == 0 or N == 0: return 0.0
     p_w = d / N
     out = 0.0
     for dx, nx in ((dh, n_h), (da, n_a)):
-        if nx == 0: continue
         p_x_w = (dx + alpha) / (d + 2 * alpha)
+        if nx == 0 or p_x_w == 0: continue   # alpha = 0 and the word absent from the class: its exact term is 0
         out += p_w * p_x_w * math.log(p_x_w / (nx / N))
     return out
 
