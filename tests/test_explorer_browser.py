@@ -98,7 +98,9 @@ STATE_JS = """async () => {
   const html = out.querySelector('.widget-html-content');
   return {sel, src: img.src, png: btoa(bin), numbers: html.querySelector('p').innerText,
           shown: [img.width, img.height], natural: [img.naturalWidth, img.naturalHeight],
-          samples: [...html.querySelectorAll('tr')].slice(1).map(r => r.cells[0].innerText)};
+          samples: [...html.querySelectorAll('table')[0].querySelectorAll('tr')].slice(1).map(r => r.cells[0].innerText),
+          views: [...(html.querySelectorAll('table')[1]?.querySelectorAll('tr') || [])].slice(1)
+                   .map(r => [r.cells[0].innerText, r.cells[1].innerText, r.cells[2].innerText])};
 }"""
 
 
@@ -114,6 +116,7 @@ def _check(state: dict, run: Path, metrics: dict) -> dict:
     assert (tpr, fpr) == (f"{m['tpr1']:.3f}", f"{m['fpr1_human']:.3f}"), (det, cond, state["numbers"])   # shown to 3 decimals
     d = explorer_data(run, ds, det, cond)
     assert state["samples"] == [e["sample_id"] for e in d["examples"]] and state["samples"], (det, cond)
+    assert state["views"] == [[v["view"], str(v["group"]), v["metric"]] for v in d["views"]], (det, cond)   # deployment views
     png = base64.b64decode(state["png"])
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert png == _roc_png(d), f"the ROC shown for {det} / {cond} is not the one explorer_data gives"

@@ -55,3 +55,35 @@ def test_scores_from_a_file_are_calibrated_and_tabled_like_any_detector(tiny_run
     m = json.loads((out / "metrics.json").read_text())["lee_news"]["scores:ext"]
     assert m["m0"]["auc"] == pytest.approx(1.0) and m["m0"]["tpr1"] == pytest.approx(1.0)
     assert "ext" in (out / "tables" / "table_main_lee_news.md").read_text()
+
+
+def test_per_domain_tpr_at_raids_fpr_target_equals_raid_bench():
+    """RAID's own evaluation (`raid-bench`, installed by `make install`) and this project's per-domain thresholds
+    (`compute_deployment`, family 'domain': RAID's rule) on the same RAID-format scores give the same TPR per domain.
+    Scores lie on a grid of 1/400: raid-bench searches its threshold to within 0.0005 of the target FPR, this project
+    takes the order statistic, and on grid-aligned scores every threshold that reaches the target flags the same texts."""
+    raid = pytest.importorskip("raid.evaluate", reason="raid-bench is installed by `make install` (pip --no-deps raid-bench==0.2.0)")
+    import numpy as np
+    from stealth_eval.metrics import compute_deployment
+    rng = np.random.default_rng(0)
+    rows = []
+    for d, off in (("news", 0.0), ("reviews", 0.3)):
+        for i in range(400):
+            rows.append({"id": f"{d}-h{i}", "model": "human", "domain": d, "score": off + i / 400})
+        for i in range(300):
+            rows.append({"id": f"{d}-a{i}", "model": "gpt4", "domain": d, "score": off + int(rng.integers(300, 440)) / 400})
+    df = pd.DataFrame(rows).assign(decoding="sampling", repetition_penalty="no", attack="none")
+    results = [{"id": r["id"], "score": r["score"]} for r in rows]
+    ev = raid.run_evaluation(results, df.drop(columns=["score"]), target_fpr=0.05, per_domain_tuning=True)
+    theirs = {r["domain"]: r["accuracy"]["0.05"]["tp"] / (r["accuracy"]["0.05"]["tp"] + r["accuracy"]["0.05"]["fn"])
+              for r in ev["scores"] if r["domain"] != "all" and r["attack"] == "all" and r["model"] == "all"
+              and r["decoding"] == "all" and r["repetition_penalty"] == "all"}
+    ours_in = df.assign(dataset="raid_slice", label=np.where(df["model"] == "human", "human", "ai"), sample_id=df["id"],
+                        condition="m0", method="m0", setting="", defense="none", candidate_rank=0, detector_name="d",
+                        detector_score_ai=df["score"], len_tokens_out=np.nan, truncated=False)
+    cfg = {"ci_level": 0.95, "n_bootstrap": 50, "fpr_targets": [0.05], "seed": 0, "length_bins": [0]}
+    ours = {r["group"]: r["entry"]["tpr"] for r in compute_deployment(ours_in, cfg)
+            if r["family"] == "domain" and r["label"] == "ai"}
+    assert set(theirs) == set(ours) == {"news", "reviews"}
+    assert ours == pytest.approx(theirs, abs=1e-12), (ours, theirs)
+    assert all(v == pytest.approx(0.05) for v in ev["fpr"]["0.05"].values())    # both reach the target exactly here
