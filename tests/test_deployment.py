@@ -78,7 +78,7 @@ def test_a_run_over_two_datasets_with_calibrate_on_writes_the_views(tiny_run, tm
     b.write_text("".join(json.dumps({**r, "id": "b_" + r["id"], "domain": "blogs" if k % 2 else "news"}) + "\n"
                          for k, r in enumerate(rows)), encoding="utf-8")
     out = tmp_path / "run"
-    run_cli("--profile", "tiny", "--datasets", "lee_news", b, "--methods", "m0", "m5", "--detectors", "log_likelihood",
+    run_cli("--profile", "tiny", "--datasets", "lee_news", b, "--methods", "m0", "--detectors", "log_likelihood",
             "--set", "calibrate_on=lee_news", "--offline", "--out_dir", out, "--cache_dir", store)
     t = pd.read_parquet(out / "metrics.parquet")
     fpr = t[(t["family"] == "transfer") & (t["metric"] == "transfer:fpr_realised")]
