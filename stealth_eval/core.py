@@ -241,8 +241,9 @@ def write_jsonl(path, records) -> Path:
     return atomic_write_text(path, "".join(l + "\n" for l in lines))
 
 # %% ../nbs/01_core.ipynb #bcfedc18
-def read_jsonl(path, line_numbers: list | None = None) -> list:  # line_numbers: filled with each record's line number
-    "Records of a JSONL file; invalid UTF-8, invalid JSON or a non-object line fail with `file:line`."
+def read_jsonl(path, line_numbers: list | None = None,  # line_numbers: filled with each record's line number
+               decode=json.loads) -> list:  # a line's text -> its value; a ValueError it raises refuses the line
+    "Records of a JSONL file; invalid UTF-8, invalid JSON, a non-object line or a `decode` refusal fail with `file:line`."
     records = []
     for i, line in enumerate(Path(path).read_bytes().split(b"\n"), 1):
         if i == 1 and line.startswith(b"\xef\xbb\xbf"): line = line[3:]   # a UTF-8 byte-order mark
@@ -250,9 +251,10 @@ def read_jsonl(path, line_numbers: list | None = None) -> list:  # line_numbers:
         try: s = line.decode("utf-8")
         except UnicodeDecodeError as e:
             raise StealthEvalError(f"{path}:{i}: invalid UTF-8 (byte {e.start} of the line: {e.reason})") from None
-        try: rec = json.loads(s)
+        try: rec = decode(s)
         except json.JSONDecodeError as e:
             raise StealthEvalError(f"{path}:{i}: not valid JSON ({e.msg} at column {e.colno})") from None
+        except ValueError as e: raise StealthEvalError(f"{path}:{i}: {e}") from None
         if not isinstance(rec, dict): raise StealthEvalError(f"{path}:{i}: expected a JSON object, got {type(rec).__name__}")
         records.append(rec)
         if line_numbers is not None: line_numbers.append(i)

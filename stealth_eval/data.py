@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .components import DATASETS, DETECTORS, METHODS, Built, Dataset, FunctionDataset
-from .core import (Cache, StealthEvalError, few as _few, file_source, get_logger, read_json,
+from .core import (Cache, StealthEvalError, few as _few, file_source, get_logger, read_json, read_jsonl,
                                recording_sources, sha256_text, write_json, write_jsonl)
 from .engine import run_cache
 
@@ -163,7 +163,9 @@ def _literal(cls):
         return v
     return parse
 
-class _RepeatedKey(Exception): pass
+class _RepeatedKey(ValueError):
+    def __init__(self, key):
+        super().__init__(f"key {key!r} occurs twice in one JSON object; each key once (the last value would silently win)")
 
 def _json_object(pairs: list) -> dict:
     "An object from its pairs: a repeated key is refused; numbers become plain, except an `id` (kept with its text)."
@@ -185,21 +187,8 @@ def _exact_id(rec: dict, where: str):
 
 def _read_jsonl_exact(path: Path, lines: list) -> list:
     "The records of a JSONL dataset file (as `read_jsonl`, `file:line` errors), ids as written, repeated keys refused."
-    records = []
-    for i, line in enumerate(path.read_bytes().split(b"\n"), 1):
-        if i == 1 and line.startswith(b"\xef\xbb\xbf"): line = line[3:]   # a UTF-8 byte-order mark
-        if not line.strip(): continue
-        try: rec = _DECODER.decode(line.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise StealthEvalError(f"{path}:{i}: invalid UTF-8 (byte {e.start} of the line: {e.reason})") from None
-        except json.JSONDecodeError as e: raise StealthEvalError(f"{path}:{i}: not valid JSON ({e.msg} at column {e.colno})") from None
-        except _RepeatedKey as e:
-            raise StealthEvalError(f"{path}:{i}: key {e.args[0]!r} occurs twice in one JSON object; "
-                                   "each key once (the last value would silently win)") from None
-        if not isinstance(rec, dict):
-            raise StealthEvalError(f"{path}:{i}: expected a JSON object, got {json.dumps(rec, allow_nan=True)[:40]}")
-        _exact_id(rec, f"{path}:{i}")
-        records.append(rec); lines.append(i)
+    records = read_jsonl(path, lines, decode=_DECODER.decode)   # core's reader, with the exact decoder
+    for rec, i in zip(records, lines): _exact_id(rec, f"{path}:{i}")
     return records
 
 # %% ../nbs/00_data.ipynb #93b6921c

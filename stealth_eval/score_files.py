@@ -27,7 +27,7 @@ def _json_rows(path: Path):
     try: obj = _DECODER.decode(path.read_bytes().decode("utf-8-sig"))
     except UnicodeDecodeError as e: raise StealthEvalError(f"{path}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e: raise StealthEvalError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except _RepeatedKey as e: raise StealthEvalError(f"{path}: key {e.args[0]!r} occurs twice in one JSON object") from None
+    except _RepeatedKey as e: raise StealthEvalError(f"{path}: {e}") from None
     direction = None
     if isinstance(obj, dict):
         direction, obj = obj.get("direction"), obj.get("scores")
