@@ -629,9 +629,7 @@ def length_bin(n_tokens, edges) -> np.ndarray:
 def masked_rate_rows(X, idx, mask, tb) -> np.ndarray:
     """Per resample b: the share of the resampled entries of `X` (n,) in `mask` (n,) and not NaN that reach tb[b];
     `idx` (B, n) are the resample indices (NaN where no entry of the resample is in the mask)."""
-    Xb, Mb = np.asarray(X, np.float64)[idx], np.asarray(mask, bool)[idx] & ~np.isnan(np.asarray(X, np.float64)[idx])
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return ((Xb >= np.asarray(tb, np.float64).reshape(-1, 1)) & Mb).sum(1) / Mb.sum(1)
+    return tpr_rows(np.where(np.asarray(mask, bool), np.asarray(X, np.float64), np.nan)[idx], tb)   # NaN: left out
 
 # %% ../nbs/30_calibration_metrics.ipynb #71672c4b
 def _facts(rows, col: str, ids, fill=np.nan) -> np.ndarray:
@@ -1156,7 +1154,8 @@ def _deployment_tables(t) -> dict:
             h = gd[gd["label"] == "human"]
             for cond, ga in [("human", h)] + sorted(((c, x) for c, x in gd[gd["label"] == "ai"].groupby("condition")), key=lambda x: _cond_order(x[0])):
                 if cond == "human":
-                    rows.append([det, dom, "human", _cell(get(ga, "domain:fpr_human_pooled")), _f(get(ga, "domain:threshold")["value"]) if get(ga, "domain:threshold") is not None else "–", "", "", int(ga["n_human"].iloc[0])])
+                    th = get(ga, "domain:threshold")
+                    rows.append([det, dom, "human", _cell(get(ga, "domain:fpr_human_pooled")), "–" if th is None else _f(th["value"]), "", "", int(ga["n_human"].iloc[0])])
                 else:
                     rows.append([det, dom, cond, "", "", _cell(get(ga, "domain:tpr_pooled")), _cell(get(ga, "domain:tpr")), int(ga["n_ai"].dropna().iloc[0]) if ga["n_ai"].notna().any() else ""])
         parts.append(_md_tex(f"Per-domain thresholds at FPR {alpha:g}: {ds} (defense {defense})",

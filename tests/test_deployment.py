@@ -68,7 +68,6 @@ def test_a_domain_with_too_few_humans_has_no_threshold_and_says_why():
     assert e["fpr_human_pooled"] == 0.0 and big["fpr_human_pooled"] == pytest.approx(10 / 960)
 
 
-@pytest.mark.skipif(shutil.which("true") is None, reason="never")
 def test_a_run_over_two_datasets_with_calibrate_on_writes_the_views(tiny_run, tmp_path):
     "The CLI: two datasets, `--set calibrate_on=lee_news`: transfer, domain and length rows, their tables and the heatmap."
     store = tmp_path / "store"
