@@ -162,7 +162,7 @@ def set_aside_previous_run(out: Path) -> list:
     out = Path(out)
     rec = out / "run_info.json"
     if not rec.exists(): return []
-    try: prev = json.loads(rec.read_text(encoding="utf-8"))
+    try: prev = read_json(rec)
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise StealthEvalError(f"--out_dir {out}: run_info.json is not readable JSON ({e}); move it away or choose "
                                f"another --out_dir") from None
