@@ -180,7 +180,8 @@ class ComponentRegistry(Registry):
     def __contains__(self, name): return name in self.load().entries
 
 DETECTORS = ComponentRegistry("detector", Detector, ["stealth_eval.detectors", "stealth_eval.perturbation", "stealth_eval.supervised",
-                                                     "stealth_eval.api_detectors"])
+                                                     "stealth_eval.api_detectors", "stealth_eval.dna_detectllm",
+                                                     "stealth_eval.lastde", "stealth_eval.ghostbuster"])
 METHODS = ComponentRegistry("method", Method, ["stealth_eval.methods", "stealth_eval.paraphrase", "stealth_eval.humanify"])
 DATASETS = ComponentRegistry("dataset", Dataset, ["stealth_eval.data"])
 

@@ -47,7 +47,8 @@ PROFILE_CHANGES = {
         "scoring_model": "tiiuae/falcon-7b",
         "binoculars_observer": "tiiuae/falcon-7b", "binoculars_performer": "tiiuae/falcon-7b-instruct",
         "detectors": ["roberta_openai", "log_likelihood", "log_rank", "rank", "entropy", "lrr", "fast_detectgpt",
-                      "detectgpt", "npr", "proxihuman", "binoculars"],
+                      "detectgpt", "npr", "proxihuman", "binoculars",
+                      "radar"],   # held out from every attack: trained against a paraphraser (issue #27; classifiers.radar)
         "quality_lm": "tiiuae/falcon-7b",
         "embedder": "intfloat/e5-base-v2",
         "data": {"n_per_class": 150, "min_tokens": 100, "max_tokens": 500, "batch_size": 16, "benchmark_n_per_class": None,
@@ -55,11 +56,13 @@ PROFILE_CHANGES = {
         "score_max_tokens": 1024,
         "shield": {"random_p": [0.1, 0.2, 0.4, 0.6, 0.8, 1.0], "swap_p": [0.1, 0.2, 0.4, 0.6, 0.8, 1.0],
                    "rounds": [5, 15, 20, 25, 30, 35, 40], "batch_size": 32},
-        "shield_mlm": "roberta-base",
+        "shield_mlm": "allenai/longformer-base-4096",   # SHIELD App. B
         "paraphraser": "Qwen/Qwen3-4B-Instruct-2507",
         "paraphrase_chunk_tokens": 512, "paraphrase_batch_size": 32,
         "perturbation": {"n_perturbations": 100, "batch_size": 128, "fill_batch_tokens": 65536,   # T5-large fills on an 80 GB GPU
-                         "scoring_model": None},  # scored by the panel's LM
+                         "scoring_model": None,   # scored by the panel's LM
+                         # ProxiHuman as the statistical Turing test paper (§4.1): T5-large fills, MPNet embeddings
+                         "proxihuman_t5_model": "t5-large", "proxihuman_embedder": "sentence-transformers/all-mpnet-base-v2"},
         "m3_min_sim": 0.90, "m3_guides": ["roberta_openai", "fast_detectgpt", "binoculars_single", "ensemble"],   # spec 7.2
         "methods": ["m0", "m1", "m2", "m3", "m4", "m5"],
         "n_candidates": [1, 2, 4, 8],
@@ -95,6 +98,10 @@ NAMED = {   # setting -> (the registry its names are in, the test a component mu
     "acceptance.method": ("method", None, ""),
     "api.spend_limit": ("detector", lambda d: d.family == "commercial", "is not an API detector"),
     "api.base_url": ("detector", lambda d: d.family == "commercial", "is not an API detector"),
+    "classifiers": ("detector", lambda d: d.model_key() == f"classifiers.{d.name}" if hasattr(d, "model_key") else False,
+                    "is not a hub classifier (22_supervised_watermark: HubClassifier)"),
+    "classifier_ai_labels": ("detector", lambda d: d.label_key() == f"classifier_ai_labels.{d.name}" if hasattr(d, "label_key") else False,
+                             "is not a hub classifier (22_supervised_watermark: HubClassifier)"),
 }
 NAMED_ALSO = {"m3_guides": ("ensemble",)}   # names a setting takes besides the registry's
 

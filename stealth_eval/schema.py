@@ -18,8 +18,8 @@ from .core import StealthEvalError
 # %% auto #0
 __all__ = ['MIN_WINDOW', 'MAX_BOOTSTRAP', 'REHEARSAL_KEYS', 'RUNNER_KEYS', 'DEVICE_PROFILES', 'DEVICE_KEYS', 'setting', 'kind_of',
            'type_name', 'accepts', 'SettingsError', 'check_value', 'Section', 'section', 'Data', 'Watermark',
-           'ClassifierOffline', 'Validity', 'Perturbation', 'Shield', 'Polish', 'Acceptance', 'Api', 'Engine',
-           'Settings', 'settings_rows']
+           'ClassifierOffline', 'GhostbusterLocal', 'Validity', 'Perturbation', 'Lastde', 'Shield', 'Polish',
+           'Acceptance', 'Api', 'Engine', 'Settings', 'settings_rows']
 
 # %% ../nbs/03_schema.ipynb #c1d89573
 def setting(default, doc: str = "", check: str | None = None, choices: str | None = None, allowed: str = "",
@@ -212,6 +212,21 @@ class ClassifierOffline(Section):
     "The offline supervised detector: logistic regression on embeddings and LM features (22_supervised_watermark)."
     C: float = setting(1.0, "inverse regularisation strength", "positive")
 
+@section("ghostbuster_local")
+class GhostbusterLocal(Section):
+    "Ghostbuster with local LMs (28_ghostbuster): the reference's values unless said."
+    weak_model: str = setting("smollm2-135m-instruct", "the second, weaker LM (the paper's ada; scoring_model is its davinci)")
+    corpus: str = setting("gensim_enwiki", "n-gram corpus (the paper's Brown): gensim's English Wikipedia sample",
+                          choices="gensim_enwiki", allowed="gensim_enwiki")
+    max_depth: int = setting(3, "expression depth of the feature search (reference: 3, 2,534 expressions)", "count",
+                             at_most=(3, "depth 4 has 19,635 expressions, each a column of the search"))
+    max_features: int = setting(20, "most features forward selection adds (reference: until none improves)", "count")
+    folds: int = setting(8, "folds of the selection's cross-validated accuracy (reference: 8)", "count")
+    C: float = setting(10.0, "inverse regularisation strength of every logistic regression (reference: 10)", "positive")
+
+    def check(self):
+        if self.folds < 2: raise SettingsError(f"ghostbuster_local.folds={self.folds}: must be at least 2")
+
 @section("validity")
 class Validity(Section):
     "When an attacked text counts as invalid (kept, marked, with the reason)."
@@ -242,6 +257,25 @@ class Perturbation(Section):
     max_attempts: int = setting(10, "T5 fills with too few spans are redrawn, at most this many times (DetectLLM: 10)", "count")
     batch_size: int = setting(16, "rows per fill batch", "count")
     proxihuman_k: int = setting(5, "ProxiHuman: nearest perturbed neighbours averaged", "count")
+    proxihuman_pct_masked: float = setting(0.1, "ProxiHuman: share of the words (space-split tokens) masked per perturbation (paper §4.1: 10%)", "unit")
+    proxihuman_span_length: int = setting(1, "ProxiHuman: words per masked span, no buffer (the paper masks single tokens)", "count")
+    proxihuman_t5_model: str | None = setting(None, "ProxiHuman's T5 span filler (paper: t5-large; None: t5_model)")
+    proxihuman_embedder: str | None = setting(None, "ProxiHuman's embedder (paper: sentence-transformers/all-mpnet-base-v2; None: the run's embedder)")
+
+# %% ../nbs/03_schema.ipynb #50f59369
+@section("lastde")
+class Lastde(Section):
+    "Lastde / Lastde++ (26_lastde): the reference's hyper-parameters (Xu et al. 2025, TrustMedia-zju/Lastde_Detector)."
+    embed_size: int = setting(3, "Lastde: orbit (embedding) size s (reference statistic_detect get_lastde: 3)", "count")
+    epsilon: float = setting(10.0, "Lastde: histogram bins on [-1, 1] = int(epsilon x tokens scored) (reference: 10 x n)", "positive")
+    tau_prime: int = setting(5, "Lastde: moving-average scales tau = 1..tau' (reference: 5)", "count")
+    pp_embed_size: int = setting(4, "Lastde++: orbit size s (reference lastde_doubleplus --embed_size 4)", "count")
+    pp_epsilon: float = setting(8.0, "Lastde++: bins = int(epsilon x tokens scored) (--epsilon 8)", "positive")
+    pp_tau_prime: int = setting(15, "Lastde++: scales 1..tau' (--tau_prime 15, the scripts' value; the README table says 10)", "count")
+    n_samples: int = setting(100, "Lastde++: tokens sampled from the scoring model at each position (--n_samples 100)", "count")
+
+    def check(self):
+        if self.n_samples < 2: raise SettingsError(f"lastde.n_samples={self.n_samples}: Lastde++ needs at least 2 samples (it divides by their std)")
 
 # %% ../nbs/03_schema.ipynb #7ad7e55c
 @section("shield")
@@ -255,6 +289,8 @@ class Shield(Section):
     mi_alpha: float = setting(1.0, "smoothing of the mutual-information ranker")
     mi_top_saved: int = setting(100, "ranked words saved to models/shield_mi_<dataset>.json", "count")
     batch_size: int = setting(8, "texts per proposal batch", "count")
+    candidate_vocab: str = setting("mlm", "candidate words: 'mlm', the masked LM's ranked content-word tokens (paper §3.2); 'training', only words of the training split",
+                                   choices="mlm|training", allowed="mlm or training")
 
     def check(self):   # an empty list turns its strategy off; all three empty leave SHIELD nothing to do
         if not (self.random_p or self.swap_p or self.rounds):
@@ -346,7 +382,13 @@ class Settings(Section):
     binoculars_performer: str | None = setting(None, "Binoculars performer")
     classifier_model: str = setting("openai-community/roberta-large-openai-detector", "HF sequence classifier")
     classifier_ai_label: int = setting(0, "its label index for machine-written text", "count0")
+    classifiers: dict[str, str] = setting({"radar": "TrustSafeAI/RADAR-Vicuna-7B", "roberta_base_openai": "openai-community/roberta-base-openai-detector",
+                                           "fakespot_roberta": "fakespot-ai/roberta-base-ai-text-detection-v1"},
+                                          "registered hub classifier detector -> its model, a hub id or a local folder (22_supervised_watermark)")
+    classifier_ai_labels: dict[str, int | str] = setting({}, "hub classifier detector -> its AI label (index or name), "
+                                                         "instead of the one its reference reads", "count0")
     classifier_offline: ClassifierOffline = setting(ClassifierOffline(), "the offline supervised detector")
+    ghostbuster_local: GhostbusterLocal = setting(GhostbusterLocal(), "Ghostbuster with local LMs")
     watermark: Watermark = setting(Watermark(), "KGW watermark")
     data: Data = setting(Data(), "sampling and generation of the evaluation texts")
     homoglyph_rates: list[float] = setting([0.001, 0.005, 0.01, 0.02], "share of characters replaced (M5)", "unit", nonempty=True)
@@ -371,8 +413,9 @@ class Settings(Section):
     m3_token_top_p: float = setting(0.9, "token-guided nucleus mass", "unit")
     m3_token_top_k: int = setting(50, "token-guided top-k", "count")
     perturbation: Perturbation = setting(Perturbation(), "DetectGPT / NPR / ProxiHuman perturbations")
+    lastde: Lastde = setting(Lastde(), "Lastde / Lastde++ hyper-parameters and sample count")
     shield: Shield = setting(Shield(), "SHIELD word swaps")
-    shield_mlm: str | None = setting(None, "masked LM proposing words (paper: roberta-base); None: causal-LM infill")
+    shield_mlm: str | None = setting(None, "masked LM proposing words (paper: allenai/longformer-base-4096, App. B); None: causal-LM infill")
     shield_infill_lm: str = setting("smollm2-135m-instruct", "causal LM of SHIELD's offline infill")
     polish: Polish = setting(Polish(), "APT-Eval polishing")
     sanitize: list[str] = setting(["m0", "m5"], "registered methods whose outputs are also scored after sanitize()")
@@ -393,10 +436,23 @@ class Settings(Section):
                                  "transfer view's TPR and ASR; '' = each dataset's own; the realised-FPR grid is always computed)")
     length_bins: list[int] = setting([0, 128, 256, 512, 1024], "token edges of the length strata, increasing (the last bin "
                                      "is open-ended)", "count0", nonempty=True)
+    beemo_edit_bins: list[float] = setting([0, 10, 20, 40, 60, 80, 90, 100], "Beemo Fig. 4: edges of the expert edit-percentage "
+                                           "ranges, increasing, within 0-100 (paper: seven ranges, edges unstated)", nonempty=True)
+    beemo_edit_unit: str = setting("chars", "Beemo Fig. 4: the edit measure, 100 (1 - difflib ratio) on characters (the paper's "
+                                   "plain difflib call) or on words", choices="chars|words", allowed="chars or words")
     validity: Validity = setting(Validity(), "validity of attacked texts")
     n_examples: int = setting(8, "curated examples in qual_examples.md", "count0")
     shield_k: float = setting(20 * math.log(2), "SHIELD W-AUROC: weight exp(-k FPR) on the ROC (paper value)")
     shield_lambda: float = setting(10 * math.log(2), "SHIELD SFD = exp(-lambda * std of the Youden-optimal FPRs)")
+    shield_std_ddof: int = setting(0, "SHIELD SFD: ddof of that std over the M scenarios (paper: unstated; 0 = population std as "
+                                   "numpy.std, 1 = sample std, sqrt(M/(M-1)) times larger)", "count0",
+                                   at_most=(1, "0 (population) or 1 (sample) standard deviation"))
+    youden_ties: str = setting("min_fpr", "SHIELD SFD: the FPR recorded where several thresholds reach the same maximal Youden J "
+                               "(paper: unstated; min_fpr = sklearn's argmax over roc_curve, max_fpr)",
+                               choices="min_fpr|max_fpr", allowed="min_fpr or max_fpr")
+    wauroc_ties: str = setting("diagonal", "SHIELD W-AUROC: how the ROC crosses a score held by human and AI texts (paper: "
+                               "unstated; diagonal = straight segment, ties count 1/2 as in the AUROC; upper = TPR first; "
+                               "lower = FPR first)", choices="diagonal|upper|lower", allowed="diagonal, upper or lower")
     tau_cv_folds: int = setting(5, "cross-validated tau-undetectability: folds grouped by source id", "count")
     trust_remote_code: bool = setting(False, "let transformers run a model repository's own code")
     cache_dir: str | None = setting(None, "content cache (None: ~/.cache/stealth_eval/store or $STEALTH_EVAL_CACHE/store)")
@@ -420,6 +476,9 @@ class Settings(Section):
         if unknown: raise SettingsError(f"rehearsal.{unknown[0]}: unknown key. Known keys here: {', '.join(REHEARSAL_KEYS)}")
         if any(b <= a for a, b in zip(self.length_bins, self.length_bins[1:])):
             raise SettingsError(f"length_bins={_shown(self.length_bins)}: the edges must increase")
+        e = self.beemo_edit_bins
+        if any(b <= a for a, b in zip(e, e[1:])) or e[0] < 0 or e[-1] > 100 or len(e) < 2:
+            raise SettingsError(f"beemo_edit_bins={_shown(e)}: two or more increasing edges within 0-100 (percent edited)")
 
 RUNNER_KEYS = ("datasets", "methods", "detectors", "n_candidates", "plugins", "profile", "seed", "out_dir", "no_cache")  # own CLI options
 

@@ -18,11 +18,11 @@ from .watermark import KGW_DEFAULTS, KGWLogitsProcessor, _hf_watermark_args, wat
 from .core import (Cache, StealthEvalError, get_logger, progress, sha256_text, stable_hash, write_json)
 
 # %% auto #0
-__all__ = ['KGW_WATERMARK', 'ROBERTA_OPENAI', 'LM_FEATURES', 'CLASSIFIER_OFFLINE', 'kgw_zscore', 'kgw_detector',
-           'generator_tokenizer_config', 'kgw_score_texts', 'KGWDetector', 'resolve_ai_label', 'classifier_config',
-           'classifier_identity', 'load_sequence_classifier', 'classify_texts', 'HFClassifier', 'make_tiny_classifier',
-           'embed_texts', 'offline_features', 'fit_logistic', 'predict_logistic', 'cv_auroc', 'training_set',
-           'OfflineClassifier', 'train_and_score_offline']
+__all__ = ['KGW_WATERMARK', 'ROBERTA_OPENAI', 'HUB_CLASSIFIERS', 'LM_FEATURES', 'CLASSIFIER_OFFLINE', 'kgw_zscore',
+           'kgw_detector', 'generator_tokenizer_config', 'kgw_score_texts', 'KGWDetector', 'resolve_ai_label',
+           'classifier_config', 'classifier_identity', 'load_sequence_classifier', 'classify_texts', 'HFClassifier',
+           'make_tiny_classifier', 'HubClassifier', 'embed_texts', 'offline_features', 'fit_logistic',
+           'predict_logistic', 'cv_auroc', 'training_set', 'OfflineClassifier', 'train_and_score_offline']
 
 # %% ../nbs/22_supervised_watermark.ipynb #2dd4e488
 def kgw_zscore(ids: list, params: dict, model_config, detector=None) -> dict | None:
@@ -107,19 +107,19 @@ KGW_WATERMARK = DETECTORS.register(KGWDetector())
 # %% ../nbs/22_supervised_watermark.ipynb #9874bd8c
 _HUMAN_NAMES = {"real", "human", "human-written", "human_written", "original", "authentic", "natural"}
 
-def resolve_ai_label(id2label: dict, spec=0) -> int:
-    "The index of the AI label: `spec` (an index or a label name), checked against the config's label names."
+def resolve_ai_label(id2label: dict, spec=0, key: str = "classifier_ai_label") -> int:
+    "The index of the AI label: `spec` (an index or a label name), checked against the config's label names (`key`: the setting, for messages)."
     names = {int(k): str(v) for k, v in (id2label or {}).items()}
     if isinstance(spec, str) and not re.fullmatch(r"-?\d+", spec.strip()):
         hit = [i for i, n in names.items() if n.lower() == spec.strip().lower()]
-        if not hit: raise StealthEvalError(f"classifier_ai_label {spec!r} is not a label of this model; labels: {names}")
+        if not hit: raise StealthEvalError(f"{key} {spec!r} is not a label of this model; labels: {names}")
         spec = hit[0]
     idx = int(spec)
-    if names and idx not in names: raise StealthEvalError(f"classifier_ai_label {idx} is out of range; labels: {names}")
+    if names and idx not in names: raise StealthEvalError(f"{key} {idx} is out of range; labels: {names}")
     name = names.get(idx, "")
     if name.lower() in _HUMAN_NAMES:
-        raise StealthEvalError(f"classifier_ai_label {idx} is the label {name!r}, a human label (labels: {names}); "
-                               f"set classifier_ai_label to the AI label's index or name")
+        raise StealthEvalError(f"{key} {idx} is the label {name!r}, a human label (labels: {names}); "
+                               f"set {key} to the AI label's index or name")
     return idx
 
 # %% ../nbs/22_supervised_watermark.ipynb #cbe01a3e
@@ -146,13 +146,13 @@ def classifier_identity(spec: str, trust_remote_code: bool = False) -> str:
 from .models import encoder_max_tokens as classifier_max_tokens   # positions less RoBERTa's offset (02_models)
 
 # %% ../nbs/22_supervised_watermark.ipynb #fa7176e2
-def load_sequence_classifier(spec: str, device: str = "auto", trust_remote_code: bool = False) -> tuple:
-    "(model, tokenizer, device) of a sequence classifier (safetensors only; loaded once per process, however the call is spelled)."
+def load_sequence_classifier(spec: str, device: str = "auto", trust_remote_code: bool = False, safetensors_only: bool = True) -> tuple:
+    "(model, tokenizer, device) of a sequence classifier (safetensors only unless told; loaded once per process, however the call is spelled)."
     from stealth_eval.models import resolve_device
-    return _load_sequence_classifier(spec, resolve_device(device), bool(trust_remote_code))
+    return _load_sequence_classifier(spec, resolve_device(device), bool(trust_remote_code), bool(safetensors_only))
 
 @lru_cache(maxsize=2)
-def _load_sequence_classifier(spec: str, device: str, trust_remote_code: bool) -> tuple:
+def _load_sequence_classifier(spec: str, device: str, trust_remote_code: bool, safetensors_only: bool = True) -> tuple:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
     from stealth_eval.models import LOADS, offline_mode
@@ -162,7 +162,9 @@ def _load_sequence_classifier(spec: str, device: str, trust_remote_code: bool) -
     get_logger().info(f"loading classifier {spec} on {device}")
     try:
         tok = AutoTokenizer.from_pretrained(src, **kw)
-        model = AutoModelForSequenceClassification.from_pretrained(src, use_safetensors=True, **kw)
+        # safetensors_only=False: safetensors when the repository has them, else its PyTorch weights (read by
+        # transformers with torch.load(weights_only=True)); for a hub detector published only that way (RADAR)
+        model = AutoModelForSequenceClassification.from_pretrained(src, use_safetensors=True if safetensors_only else None, **kw)
     except OSError as e:
         raise StealthEvalError(f"could not load classifier {spec!r}: {e}") from e
     return model.to(device).eval(), tok, device
@@ -170,18 +172,21 @@ def _load_sequence_classifier(spec: str, device: str, trust_remote_code: bool) -
 load_sequence_classifier.cache_clear = _load_sequence_classifier.cache_clear
 
 # %% ../nbs/22_supervised_watermark.ipynb #7cf1be34
-def classify_texts(texts: list, spec: str, cfg: dict, cache: Cache) -> dict:
+def classify_texts(texts: list, spec: str, cfg: dict, cache: Cache, max_tokens: int = 0, safetensors_only: bool = True) -> dict:
     "sha256(text) -> {'probs', 'n_tokens_input', 'truncated'} (or None), in device batches shaped by length, cached by content."
     ident = classifier_identity(spec, cfg["trust_remote_code"])
-    return cache.by_text("classifier", texts, lambda todo: _classify(todo, spec, cfg), model=ident, version="clf-v2")
+    model = ident if not max_tokens else f"{ident}|max_tokens={int(max_tokens)}"    # a shorter cut is another computation
+    return cache.by_text("classifier", texts, lambda todo: _classify(todo, spec, cfg, max_tokens, safetensors_only),
+                         model=model, version="clf-v2")
 
 # %% ../nbs/22_supervised_watermark.ipynb #5e23f2aa
-def _classify(todo: list, spec: str, cfg: dict) -> list:
+def _classify(todo: list, spec: str, cfg: dict, max_tokens: int = 0, safetensors_only: bool = True) -> list:
     "The classifier's output for each text of `todo` (None for a text with no tokens of its own), in device batches."
     import torch
     from stealth_eval.models import pad_batch, plan_batches, scoring_budget
-    model, tok, device = load_sequence_classifier(spec, cfg["device"], cfg["trust_remote_code"])
+    model, tok, device = load_sequence_classifier(spec, cfg["device"], cfg["trust_remote_code"], safetensors_only)
     L = classifier_max_tokens(model.config, tok)
+    if max_tokens: L = min(L, int(max_tokens))                           # the reference's own cut (e.g. RADAR: 512)
     n_in = [len(tok(t, truncation=False).input_ids) for t in todo]
     n_special = len(tok("", truncation=False).input_ids)
     out = [None] * len(todo)                                          # a text with no tokens of its own has no score
@@ -212,23 +217,34 @@ class HFClassifier(Detector):
     label: str = "RoBERTa"
     supervised: bool = True
     reference: str = "Solaiman et al. 2019, OpenAI GPT-2 output detector (roberta-large-openai-detector)"
+    ai_label: int | str = 0          # the AI label its reference reads (index or name) when no setting names one
+    max_tokens: int = 0              # its reference's truncation (0: the model's window)
+    safetensors_only: bool = True    # False: a hub repository published with PyTorch weights only
+
+    def model_key(self) -> str: return "classifier_model"       # the setting that names its model
+    def label_key(self) -> str: return "classifier_ai_label"    # the setting that may name its AI label
+    def spec(self, cfg: dict): return cfg.get("classifier_model")
+    def ai_label_spec(self, cfg: dict): return cfg.get("classifier_ai_label", self.ai_label)
+    def ai_index(self, cfg: dict) -> int:
+        "The index of its AI label in its model's output (`resolve_ai_label`)."
+        return resolve_ai_label(classifier_config(self.spec(cfg), cfg["trust_remote_code"]).id2label, self.ai_label_spec(cfg), self.label_key())
 
     def unavailable(self, cfg: dict) -> str:
         from stealth_eval.models import available_offline, offline_mode
-        spec = cfg.get("classifier_model")
-        if not spec: return "no classifier_model is configured"
+        spec = self.spec(cfg)
+        if not spec: return f"no {self.model_key()} is configured"
         if offline_mode() and not available_offline(spec):
             return f"offline, and the classifier {spec!r} is neither a local folder nor in the hub cache"
-        try: resolve_ai_label(classifier_config(spec, cfg["trust_remote_code"]).id2label, cfg.get("classifier_ai_label", 0))
+        try: self.ai_index(cfg)
         except StealthEvalError as e: return str(e)
         except Exception as e: return f"could not load the classifier {spec!r}: {type(e).__name__}: {e}"
         return ""
-    def source(self, cfg: dict) -> tuple: return ("classifier", cfg["classifier_model"])
-    def model(self, cfg: dict) -> str: return classifier_identity(cfg["classifier_model"], cfg["trust_remote_code"])
+    def source(self, cfg: dict) -> tuple:   # p_ai depends on the label read: two detectors share a computation only with it
+        return ("classifier", self.spec(cfg), str(self.ai_label_spec(cfg)), self.max_tokens, self.safetensors_only)
+    def model(self, cfg: dict) -> str: return classifier_identity(self.spec(cfg), cfg["trust_remote_code"])
     def compute(self, texts: list, cfg: dict, cache) -> dict:
-        spec = cfg["classifier_model"]
-        i = resolve_ai_label(classifier_config(spec, cfg["trust_remote_code"]).id2label, cfg.get("classifier_ai_label", 0))
-        res = classify_texts(texts, spec, cfg, cache)
+        i = self.ai_index(cfg)
+        res = classify_texts(texts, self.spec(cfg), cfg, cache, self.max_tokens, self.safetensors_only)
         return {h: None if v is None else {**v, "p_ai": v["probs"][i]} for h, v in res.items()}
 
 ROBERTA_OPENAI = DETECTORS.register(HFClassifier())
@@ -255,6 +271,27 @@ def make_tiny_classifier(folder, id2label: dict | None = None, max_positions: in
     RobertaForSequenceClassification(cfg).save_pretrained(folder, safe_serialization=True)
     tok.save_pretrained(folder)
     return folder
+
+# %% ../nbs/22_supervised_watermark.ipynb #cb57a5d8
+@dataclass(frozen=True, kw_only=True)
+class HubClassifier(HFClassifier):
+    "A hub classifier configured by name: model `classifiers[name]`, AI label from its reference or `classifier_ai_labels[name]`."
+    def model_key(self) -> str: return f"classifiers.{self.name}"
+    def label_key(self) -> str: return f"classifier_ai_labels.{self.name}"
+    def spec(self, cfg: dict): return (cfg.get("classifiers") or {}).get(self.name)
+    def ai_label_spec(self, cfg: dict): return (cfg.get("classifier_ai_labels") or {}).get(self.name, self.ai_label)
+
+HUB_CLASSIFIERS = {   # name -> (its model in `schema.Settings.classifiers`), read as its reference reads it
+    d.name: DETECTORS.register(d) for d in (
+        HubClassifier(name="radar", label="RADAR", ai_label=0, max_tokens=512, safetensors_only=False,
+                      reference="Hu, Chen & Ho 2023, RADAR: Robust AI-Text Detection via Adversarial Learning "
+                                "(TrustSafeAI/RADAR-Vicuna-7B; IBM/RADAR: softmax(logits)[:, 0] = P(AI), max_length 512)"),
+        HubClassifier(name="roberta_base_openai", label="RoBERTa-base", ai_label="Fake",
+                      reference="Solaiman et al. 2019, OpenAI GPT-2 output detector, base size (roberta-base-openai-detector)"),
+        HubClassifier(name="fakespot_roberta", label="Fakespot", ai_label="AI",
+                      reference="Fakespot (Mozilla) 2025, ApolloDFT roberta-base-ai-text-detection-v1 (label AI; "
+                                "without its card's clean_text)"),
+    )}
 
 # %% ../nbs/22_supervised_watermark.ipynb #8f9a3489
 LM_FEATURES = ("ll", "logrank", "entropy", "fdg", "binoculars_single")

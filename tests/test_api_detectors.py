@@ -278,3 +278,52 @@ def test_listing_the_api_detectors_imports_no_http_library():
     code = "import sys, stealth_eval.api_detectors; print('httpx' in sys.modules or 'tenacity' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.stdout.strip() == "False", p.stderr[-2000:]
+
+
+def test_a_cli_run_with_two_api_detectors_tables_and_plots_them_like_a_local_one_and_stores_no_key(server, tmp_path, monkeypatch):
+    """#27 "Done means": the whole pipeline through the command line (tiny profile, M0, 6 texts a class) with one local
+    detector and two API detectors answered by the loopback server: each API detector is in metrics, tables and figures
+    where the local one is, and no file of the run folder or of the cache holds the key."""
+    import pandas as pd
+    from conftest import run_cli
+    from stealth_eval.figures import heatmap_data, results_frame
+    fakes = {n: FakeProvider(n, server) for n in ("sapling", "pangram")}
+    for n in fakes: monkeypatch.setenv(DETS[n].key_env, KEY)
+    base = server.url_for("/").rstrip("/")
+    monkeypatch.setenv("PANGRAM_BASE_URL", base)                       # one endpoint from the environment, one from a setting
+    out, store = tmp_path / "run", tmp_path / "store"
+    data = tmp_path / "news.jsonl"          # texts given, none generated: the run's cost is the detectors'
+    words = "the a of to and in is was for on that with as by at from it he said has be are were its new police".split()
+    data.write_text("".join(json.dumps({"id": f"{lab[0]}{i}", "label": lab, "domain": "news", "generator": "human" if lab == "human" else "g",
+                                        "text": " ".join(words[(i * 7 + j * (3 if lab == "ai" else 5)) % len(words)] for j in range(40 + 9 * i))}) + "\n"
+                                for lab in ("human", "ai") for i in range(6)), encoding="utf-8")
+    dets = ["log_likelihood", "sapling", "pangram"]
+    p = run_cli("--profile", "tiny", "--datasets", data, "--methods", "m0", "--detectors", *dets,
+                "--set", "n_bootstrap=50", "sanitize=[]", "scoring_model=smollm2-135m-instruct", "quality_lm=smollm2-135m-instruct",
+                f"api.base_url.sapling={base}", "--offline", "--out_dir", out, "--cache_dir", store, timeout=600)
+    assert KEY not in p.stdout + p.stderr
+    n_texts = len({t for f in fakes.values() for t in f.calls})
+    assert n_texts > 0 and all(len(f.calls) == len(set(f.calls)) for f in fakes.values())   # one call per text
+    s = pd.read_parquet(out / "scores.parquet")
+    assert set(s["detector_name"]) == set(dets) and s.groupby("detector_name").size().nunique() == 1
+    api = s[s["detector_name"] != "log_likelihood"]
+    assert api["valid"].all() and set(api["detector_family"]) == {"commercial"}
+    for n in fakes:
+        got = s[s["detector_name"] == n].set_index("text_out")["detector_score_raw"]
+        assert got.to_dict() == pytest.approx({t: expected_raw(n, t) for t in got.index})
+    m = json.loads((out / "metrics.json").read_text())["news"]
+    assert set(dets) <= set(m) and all(set(m[d]) == set(m["log_likelihood"]) for d in dets)
+    assert all(set(m[d]["m0"]) == set(m["log_likelihood"]["m0"]) for d in dets)
+    mp = pd.read_parquet(out / "metrics.parquet")
+    kinds = {d: set(map(tuple, mp.loc[mp["detector"] == d, ["family", "metric", "condition"]].astype(str).to_numpy())) for d in dets}
+    assert kinds["sapling"] == kinds["pangram"] == kinds["log_likelihood"] and len(kinds["sapling"]) > 5   # the same results
+    for table in sorted((out / "tables").glob("*.md")):
+        md = table.read_text(encoding="utf-8")
+        if "log_likelihood" in md: assert "sapling" in md and "pangram" in md, table.name
+    assert "sapling" in (out / "tables" / "table_main_news.md").read_text(encoding="utf-8")
+    figs = sorted(p.name for p in (out / "figures").glob("*.png"))
+    assert "fig_heatmap_t1f.png" in figs
+    assert set(dets) <= set(heatmap_data(results_frame(mp), "news")[0])   # the heatmap's rows: every detector
+    leaks = [str(f) for root in (out, store) for f in root.rglob("*") if f.is_file() and KEY.encode() in f.read_bytes()]
+    assert leaks == []
+    assert any(f.is_file() for f in store.rglob("*"))                     # the cache was written (and searched)
