@@ -24,8 +24,8 @@ __all__ = ['MAGE_REPO', 'MAGE_REVISION', 'MAGE_COLUMNS', 'MAGE_LABELS', 'MAGE_HF
            'BEEMO_REVISION', 'BEEMO_COLUMNS', 'BEEMO_REQUIRED', 'BEEMO_EDITORS', 'BEEMO_TASKS', 'AP_SETTINGS',
            'AP_GUIDANCE', 'AP_PARAPHRASER', 'AP_ORIGIN', 'resolve_benchmark', 'hub_revision', 'csv_header',
            'load_table', 'iter_batches', 'parse_mage_src', 'read_mage_csv', 'load_mage', 'load_raid_slice',
-           'parse_beemo_edits', 'load_beemo', 'beemo_task', 'read_hf_arrow_folder', 'mage_upstream_sample',
-           'load_adversarial_paraphrasing']
+           'beemo_edit_percentage', 'parse_beemo_edits', 'load_beemo', 'beemo_task', 'read_hf_arrow_folder',
+           'mage_upstream_sample', 'load_adversarial_paraphrasing']
 
 # %% ../nbs/05_benchmarks_hub.ipynb #e619b978
 def _drop(id, filter: str, reason: str, **kw) -> dict: return {"id": str(id), "filter": filter, "reason": reason, **kw}
@@ -345,6 +345,13 @@ BEEMO_COLUMNS = ["id", "category", "model", "prompt_id", "prompt", "model_output
 BEEMO_REQUIRED = ["id", "category", "model", "model_output", "human_output", "human_edits"]
 BEEMO_EDITORS = {"llama-3.1-70b_edits": "llama-3.1-70b", "gpt-4o_edits": "gpt-4o"}  # column -> editor name
 
+def beemo_edit_percentage(machine: str, edited: str, unit: str = "chars") -> float:
+    "How much of `machine` an editor changed, in %: 100 (1 - difflib ratio); `chars`: the two strings, difflib's defaults (paper §3.4)."
+    import difflib
+    if unit not in ("chars", "words"): raise ValueError(f"unit {unit!r}: chars or words")
+    a, b = (machine, edited) if unit == "chars" else (machine.split(), edited.split())
+    return 100.0 * (1.0 - difflib.SequenceMatcher(None, a, b, autojunk=unit == "chars").ratio())
+
 def parse_beemo_edits(value, where: str = "") -> list:
     "[(prompt, text)] from a Beemo LLM-edits cell: the string `\"[{'P1': text}, {'P2': text}, {'P3': text}]\"`, a list, JSON or plain text."
     if hasattr(value, "tolist") and not isinstance(value, str): value = value.tolist()
@@ -394,8 +401,12 @@ def load_beemo(path=None,  # Beemo folder (data/train-*.parquet) or a Parquet fi
     records, drops, seen_human = [], [], {}
     for r in df.to_dict(orient="records"):
         rid, gen = str(r["id"]), text(r["model"]) or "unknown"
+        mo, he = text(r["model_output"]), text(r["human_edits"])
         base = {"domain": text(r["category"]).strip().lower().replace(" ", "_") or "unknown", "source_id": rid,
-                "prompt_id": text(r.get("prompt_id")), "split": "train"}
+                "prompt_id": text(r.get("prompt_id")), "split": "train", "category": text(r["category"]).strip(),
+                # the row's expert edit percentage (paper Fig. 4), on every version of the row: no field of the dataset holds it
+                "expert_edit_pct": beemo_edit_percentage(mo, he) if mo.strip() and he.strip() else None,
+                "expert_edit_pct_words": beemo_edit_percentage(mo, he, "words") if mo.strip() and he.strip() else None}
         versions = [("human", "human", "human", "", "human_output", r["human_output"], ""),
                     ("machine", "ai", gen, "", "model_output", r["model_output"], ""),
                     ("expert", "ai", gen, "expert", "human_edits", r["human_edits"], "")]

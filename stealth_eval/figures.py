@@ -26,9 +26,10 @@ __all__ = ['ABBREV', 'PALETTE', 'HEATMAP_CMAP', 'IN_REWARD_COLOR', 'COLUMN_IN', 
            'method_color', 'palette', 'figure_theme', 'themed', 'detector_colors', 'heatmap_data', 'heatmap_layout',
            'text_color', 'plot_heatmap', 'in_reward_cells', 'pareto_front', 'tradeoff_data', 'place_labels',
            'plot_tradeoff', 'budget_sweep_data', 'plot_budget_sweep', 'roc_curve', 'strongest_attack', 'roc_data',
-           'plot_roc', 'shield_data', 'plot_shield', 'fpr_transfer_data', 'plot_fpr_transfer', 'detector_models',
-           'main_table', 'transfer_data', 'transfer_table', 'sanitize_rows', 'sanitize_table', 'plot_sanitize',
-           'mark_non_ascii', 'spread_conditions', 'qual_examples', 'run_figures_stage']
+           'plot_roc', 'shield_data', 'plot_shield', 'apt_domain_data', 'plot_apt_domains', 'plot_beemo_edits',
+           'fpr_transfer_data', 'plot_fpr_transfer', 'detector_models', 'main_table', 'transfer_data', 'transfer_table',
+           'sanitize_rows', 'sanitize_table', 'plot_sanitize', 'mark_non_ascii', 'spread_conditions', 'qual_examples',
+           'run_figures_stage']
 
 # %% ../nbs/40_figures.ipynb #623d8554
 def split_condition(c: str) -> tuple:
@@ -652,6 +653,81 @@ def plot_shield(r, path) -> dict:
     _save(fig, path)
     return data
 
+# %% ../nbs/40_figures.ipynb #a1bd814e
+def apt_domain_data(A: dict, ds: str) -> dict:
+    "APT-Eval Fig. 17's numbers from metrics_apt.json: {rule, levels, conditions, domains, rates: {detector | mean: (domains, levels)}}; {} if none."
+    from stealth_eval.metrics import _APT_RULES, _apt_level_label, _num_level
+    dd = A.get("datasets", {}).get(ds, {})
+    conds = {}
+    for d in dd.values():
+        for c, e in d.items():
+            if e["polish"] != "none" and e["by_polisher"].get("all", {}).get("by_domain"): conds.setdefault(c, e)
+    if not conds: return {}
+    doms = sorted({m for e in conds.values() for m in e["by_polisher"]["all"]["by_domain"]})
+    rk = "_acc" if any("threshold_acc" in e["by_polisher"].get("all", {}) for d in dd.values() for e in d.values()) else "1"
+    order = sorted(conds, key=lambda c: (conds[c]["polish"], _num_level(conds[c]["level"]), c))
+    get = lambda det, c, m: dd[det].get(c, {}).get("by_polisher", {}).get("all", {}).get("by_domain", {}).get(m, {}).get(f"flag_rate{rk}")
+    rates = {det: np.array([[np.nan if (v := get(det, c, m)) is None else v for c in order] for m in doms]) for det in dd}
+    import warnings
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)          # a cell no detector has stays NaN
+        rates["mean over detectors"] = np.nanmean(np.stack(list(rates.values())), axis=0)
+    return {"rule": dict(_APT_RULES)[rk], "levels": [_apt_level_label(conds[c]) for c in order], "conditions": order,
+            "domains": doms, "rates": rates}
+
+# %% ../nbs/40_figures.ipynb #a85d42b3
+@themed
+def plot_apt_domains(A: dict, path) -> dict:
+    "Write APT-Eval's Fig. 17 (a panel per dataset and detector, and their mean); return {dataset: data}, {} without per-domain rates."
+    data = {ds: x for ds in sorted(A.get("datasets", {})) if (x := apt_domain_data(A, ds))}
+    if not data: return {}
+    plt = _plt()
+    panels = [(ds, det, x) for ds, x in data.items() for det in x["rates"]]
+    nc = min(len(panels), 3); nr = -(-len(panels) // nc)
+    fig, axes = plt.subplots(nr, nc, figsize=(PAGE_IN, 2.1 * nr + 0.6), squeeze=False, layout="constrained")
+    for ax, (ds, det, x) in zip(axes.flat, panels):
+        R = x["rates"][det]
+        nd, nl = R.shape
+        w, cols = 0.8 / nl, plt.get_cmap(HEATMAP_CMAP)(np.linspace(0.1, 0.9, nl))   # an ordered palette for ordered levels
+        for j in range(nl):
+            ax.bar(np.arange(nd) + (j - (nl - 1) / 2) * w, R[:, j], w, color=cols[j], label=x["levels"][j])
+        ax.set_xticks(range(nd), x["domains"], rotation=30, ha="right")
+        ax.set_ylim(0, 1); ax.set_ylabel("flagged as AI"); ax.set_title(f"{ds}: {det}")
+    for ax in list(axes.flat)[len(panels):]: ax.axis("off")
+    _fig_legend(fig, ncol=min(6, max(len(x["levels"]) for x in data.values())))
+    fig.suptitle(f"AI-polished human texts flagged per domain; threshold: {next(iter(data.values()))['rule']}")
+    _save(fig, path)
+    return data
+
+# %% ../nbs/40_figures.ipynb #0adf880d
+@themed
+def plot_beemo_edits(beemo: dict, path) -> dict:
+    "Write Beemo's Fig. 4 (E vs. M AUROC per expert edit range, a line per detector); return {dataset: {detector: ranges}}, {} if none."
+    data = {ds: {d: tt["expert_vs_machine"] for d, tt in dd.items() if tt.get("expert_vs_machine")}
+            for ds, dd in (beemo or {}).get("edit_ranges", {}).items()}
+    data = {ds: dd for ds, dd in data.items() if dd}
+    if not data: return {}
+    from stealth_eval.metrics import BEEMO_EDIT_BINS, edit_range_labels
+    labs = edit_range_labels(beemo.get("meta", {}).get("edit_bins") or BEEMO_EDIT_BINS)
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(data), figsize=(COLUMN_IN if len(data) == 1 else PAGE_IN, 2.6), squeeze=False, layout="constrained")
+    for ax, (ds, dd) in zip(axes.flat, data.items()):
+        cols = detector_colors(list(dd))
+        for k, (d, rr) in enumerate(dd.items()):
+            x = [i for i, lab in enumerate(labs) if lab in rr]
+            y = [rr[labs[i]]["auc"] for i in x]
+            err = [[v - rr[labs[i]]["auc_ci_low"] for i, v in zip(x, y)], [rr[labs[i]]["auc_ci_high"] - v for i, v in zip(x, y)]]
+            ax.errorbar(np.array(x) + 0.06 * (k - (len(dd) - 1) / 2), y, yerr=err, marker="o", ms=3, lw=1.2, capsize=2, color=cols[d], label=d)
+        n = {lab: next((rr[lab] for rr in dd.values() if lab in rr), None) for lab in labs}
+        ax.set_xticks(range(len(labs)), [f"{lab}\n" + (f"{n[lab]['n_neg']}/{n[lab]['n_pos']}" if n[lab] else "–") for lab in labs],
+                      fontsize=MIN_PT)
+        ax.axhline(0.5, color="grey", lw=0.8, ls="--")
+        ax.set_ylim(-0.03, 1.03); ax.set_xlabel("expert edit % (n expert/machine)"); ax.set_ylabel("AUROC, E vs. M")
+        ax.set_title(f"{ds}: Beemo by edit percentage")
+    _fig_legend(fig, ncol=2 if len(data) == 1 else 4)
+    _save(fig, path)
+    return data
+
 # %% ../nbs/40_figures.ipynb #5510af5a
 def fpr_transfer_data(table, fpr: float = 0.01, defense: str = "none") -> dict:
     "{detector: (calibration datasets, evaluated datasets, value grid, low grid, high grid)} of the realised FPR rows."
@@ -941,6 +1017,12 @@ def run_figures_stage(cfg: dict) -> list:
                  "no SHIELD condition (shield:strategy=...,p=... or rounds=...) in this run")]
     optional.append(("figures/fig_fpr_transfer.png", lambda p: plot_fpr_transfer(pd.read_parquet(out / "metrics.parquet"), p),
                      "one dataset in this run: no threshold travels (the realised-FPR heatmap needs two or more)"))
+    optional.append(("figures/fig_apt_domains.png",
+                     lambda p: plot_apt_domains(read_json(out / "metrics_apt.json"), p) if (out / "metrics_apt.json").exists() else {},
+                     "no APT-Eval dataset with texts from two or more domains (per-domain flag rates, APT-Eval Fig. 17)"))
+    optional.append(("figures/fig_beemo_edits.png",
+                     lambda p: plot_beemo_edits(read_json(out / "metrics_beemo.json"), p) if (out / "metrics_beemo.json").exists() else {},
+                     "no Beemo dataset with expert edit percentages (Beemo Fig. 4)"))
     for name, plot, why in optional:
         if plot(out / name): written.append(out / name)
         else: notes[name] = why

@@ -166,7 +166,7 @@ def shield_config(cfg: dict) -> dict:
     return Shield.from_dict(cfg.get("shield") or {}).to_dict()
 
 # %% ../nbs/12_humanify.ipynb #7a4171d0
-INFILL_VERSION = "shield-infill-v1"
+INFILL_VERSION = "shield-infill-v2"   # v2: a masked LM reads up to its own position limit (Longformer: 4096)
 
 def _word_token_table(tok) -> dict:
     "{'space': (ids, words), 'bare': (ids, words)}: vocabulary tokens that decode to one content word."
@@ -285,7 +285,7 @@ def _cached_proposals(engine, requests: list, k: int, cache, kind: str, vocab=No
 
 # %% ../nbs/12_humanify.ipynb #cfc8824e
 class MaskedInfill:
-    "Fill-mask proposals from a masked LM (`roberta-base` in the paper profile): all words of ℳ masked at once."
+    "Fill-mask proposals from a masked LM (Longformer-base-4096 in the paper profile): all words of ℳ masked at once."
     def __init__(self, spec: str, device: str = "auto", batch_size: int = 8):
         import torch
         from transformers import AutoModelForMaskedLM, AutoTokenizer
@@ -303,7 +303,8 @@ class MaskedInfill:
         self.identity = (f"{p.name}@local:{_local_identity(p)}" if p.is_dir()
                          else f"{spec}@{getattr(self.model.config, '_commit_hash', None) or 'unknown-revision'}")
         self._tables = {None: _word_token_table(self.tok)}
-        self.max_len = int(min(getattr(self.model.config, "max_position_embeddings", 512) - 2, 512))
+        from stealth_eval.models import encoder_max_tokens
+        self.max_len = encoder_max_tokens(self.model.config, self.tok)   # RoBERTa 512, Longformer 4096, BERT 512
 
     def _compute(self, requests: list, k: int, vocab=None, vocab_id=None) -> list:
         import torch
@@ -421,9 +422,10 @@ def _choose_human(cands: list, ranker: MIRanker):
     return max(enumerate(cands), key=lambda ic: (ranker.mi_human(ic[1]), -ic[0]))[1]
 
 # %% ../nbs/12_humanify.ipynb #115280af
-def _one_pass(texts: list, masks: list, choose, ranker, infill, k: int, cache) -> tuple:
-    "Mask, propose and replace for a batch of texts; returns (new texts, per-text (n masked, n swapped to ℍ words))."
-    vocab, vid = (set(ranker.df), f"{MI_VERSION}:{ranker.train_sha256}") if ranker is not None else (None, None)
+def _one_pass(texts: list, masks: list, choose, ranker, infill, k: int, cache, restrict: bool = False) -> tuple:
+    """Mask, propose and replace for a batch of texts; returns (new texts, per-text (n masked, n swapped to ℍ words)).
+    `restrict`: candidates only among the ranker's training words (`shield.candidate_vocab=training`, not the paper's)."""
+    vocab, vid = (set(ranker.df), f"{MI_VERSION}:{ranker.train_sha256}") if restrict and ranker is not None else (None, None)
     props = infill.propose(list(zip(texts, masks)), k, cache, vocab, vid)
     out, stats = [], []
     for t, spans, cands in zip(texts, masks, props):
@@ -437,18 +439,18 @@ def humanify(items: list, strategy: str, knob, cfg: dict, cache, ranker: MIRanke
     """(text, facts) per item for one strategy and knob value: `random`/`ai_swap` with `p`, `recursive` with a list of `R`.
     For `recursive`, returns one list per item with an entry per requested R (the loop runs once to the largest)."""
     scfg, seed = shield_config(cfg), cfg.get("seed", 0)
-    k = scfg["top_k"]
+    k, restrict = scfg["top_k"], scfg["candidate_vocab"] == "training"
     src = [it["text"] for it in items]
-    base = {"infill": infill.name, "infill_model": infill.identity, "top_k": k}
+    base = {"infill": infill.name, "infill_model": infill.identity, "top_k": k, "candidate_vocab": scfg["candidate_vocab"]}
     if getattr(infill, "fallback_reason", ""): base["infill_fallback_reason"] = infill.fallback_reason
     if strategy in ("random", "ai_swap"):
         p = float(knob)
         if strategy == "random":
             masks = [_masks_random(t, p, row_seed(seed, it["id"], "shield", "random")) for t, it in zip(src, items)]
-            new, st = _one_pass(src, masks, _choose_first, ranker, infill, k, cache)
+            new, st = _one_pass(src, masks, _choose_first, ranker, infill, k, cache, restrict)
         else:
             masks = [_masks_ai(t, p, ranker, row_seed(seed, it["id"], "shield", "ai_order", 1)) for t, it in zip(src, items)]
-            new, st = _one_pass(src, masks, _choose_human, ranker, infill, k, cache)
+            new, st = _one_pass(src, masks, _choose_human, ranker, infill, k, cache, restrict)
         return [(t, {**base, "strategy": strategy, "p": p, **edit_facts(s, t), "n_masked": m, "n_human_vocab_picks": h})
                 for s, t, (m, h) in zip(src, new, st)]
     if strategy != "recursive": raise StealthEvalError(f"unknown SHIELD strategy {strategy!r}")
@@ -457,7 +459,7 @@ def humanify(items: list, strategy: str, knob, cfg: dict, cache, ranker: MIRanke
     out = [[] for _ in src]
     for r in range(1, max(rounds) + 1):
         masks = [_masks_ai(t, p0, ranker, row_seed(seed, it["id"], "shield", "ai_order", r)) for t, it in zip(cur, items)]
-        cur, st = _one_pass(cur, masks, _choose_human, ranker, infill, k, cache)
+        cur, st = _one_pass(cur, masks, _choose_human, ranker, infill, k, cache, restrict)
         masked = [a + m for a, (m, _) in zip(masked, st)]; picks = [a + h for a, (_, h) in zip(picks, st)]
         if r in rounds:
             for i, (s, t) in enumerate(zip(src, cur)):
@@ -478,7 +480,7 @@ def method_shield(items: list, cfg: dict, cache=None) -> list:
         ranker = fit_ranker(cfg, ds, cache)
         infill = infill or get_infill(cfg)
         sub = [items[i] for i in idx]
-        tag = f"infill={infill.name}"
+        tag = f"infill={infill.name}" + (f",candidates={scfg['candidate_vocab']}" if scfg["candidate_vocab"] != "mlm" else "")
         for p in scfg["random_p"]:
             for i, (t, f) in zip(idx, humanify(sub, "random", p, cfg, cache, ranker, infill)):
                 outs[i].append({"setting": f"strategy=random,p={float(p):g},{tag}", "candidates": [{"text": t, "facts": f}]})

@@ -15,13 +15,15 @@ from .components import DETECTORS, dataset_analyses, unedited
 from .core import md_tex, stable_hash, write_json
 
 # %% auto #0
-__all__ = ['SHIELD_K', 'SHIELD_LAMBDA', 'APT_CALIB_PREFIX', 'APT_FPR_VARIANT', 'LENGTH_BINS', 'TABLE_COLS', 'HIGHER_IS_BETTER',
-           'RESULT_FILES', 'threshold_at_fpr', 'auroc_rows', 'tpr_rows', 'bootstrap_indices', 'detector_metrics',
-           'calibration_sets', 'condition_scores', 'compute_metrics', 'roc_counts_rows', 'wauroc_rows', 'youden_rows',
-           'sfd', 'urss', 'compute_shield', 'tau_rows', 'fit_youden_threshold', 'tau_cv', 'compute_tau', 'polish_level',
-           'threshold_max_accuracy', 'accuracy_rows', 'compute_apt', 'beemo_version', 'compute_beemo', 'bin_labels',
-           'length_bin', 'masked_rate_rows', 'compute_deployment', 'metrics_long', 'metrics_json_from_table',
-           'sample_counts', 'results_info', 'output_polishers', 'run_metrics_stage', 'metrics_table', 'extra_tables']
+__all__ = ['SHIELD_K', 'SHIELD_LAMBDA', 'WAUROC_TIES', 'YOUDEN_TIES', 'APT_CALIB_PREFIX', 'APT_FPR_VARIANT', 'BEEMO_EDIT_BINS',
+           'BEEMO_CATEGORIES', 'LENGTH_BINS', 'TABLE_COLS', 'HIGHER_IS_BETTER', 'RESULT_FILES', 'threshold_at_fpr',
+           'auroc_rows', 'tpr_rows', 'bootstrap_indices', 'detector_metrics', 'calibration_sets', 'condition_scores',
+           'compute_metrics', 'roc_counts_rows', 'wauroc_rows', 'youden_rows', 'sfd', 'urss', 'shield_choices',
+           'compute_shield', 'tau_rows', 'fit_youden_threshold', 'tau_cv', 'compute_tau', 'tau_table2', 'polish_level',
+           'threshold_max_accuracy', 'accuracy_rows', 'compute_apt', 'beemo_version', 'edit_range_labels', 'edit_range',
+           'beemo_edit_facts', 'compute_beemo', 'bin_labels', 'length_bin', 'masked_rate_rows', 'compute_deployment',
+           'metrics_long', 'metrics_json_from_table', 'sample_counts', 'results_info', 'output_polishers',
+           'run_metrics_stage', 'metrics_table', 'extra_tables']
 
 # %% ../nbs/30_calibration_metrics.ipynb #57c2c967
 def threshold_at_fpr(h, alpha: float):
@@ -213,22 +215,32 @@ def roc_counts_rows(H, A):
     return CH, CA, H.shape[1], valid.sum(1)
 
 # %% ../nbs/30_calibration_metrics.ipynb #d9d469a0
-def wauroc_rows(H, A, k: float = SHIELD_K):
-    "SHIELD W-AUROC per row, integrated exactly over the empirical ROC (ties: straight segments); NaN human scores dropped."
+WAUROC_TIES = ("diagonal", "upper", "lower")   # how the ROC crosses a tie: setting `wauroc_ties`
+
+def wauroc_rows(H, A, k: float = SHIELD_K, ties: str = "diagonal"):
+    "SHIELD W-AUROC per row, integrated exactly over the empirical ROC (ties: `WAUROC_TIES`); NaN human scores dropped."
+    if ties not in WAUROC_TIES:
+        from stealth_eval.core import StealthEvalError
+        raise StealthEvalError(f"wauroc_ties={ties!r}: expected one of {', '.join(WAUROC_TIES)}")
     H, A = np.atleast_2d(np.asarray(H, np.float64)), np.atleast_2d(np.asarray(A, np.float64))
     bad = np.isnan(H).any(1)
     if bad.any():   # a human text a detector could not score is no negative: drop it, row by row
         Bn = max(H.shape[0], A.shape[0])
         H, A, bad = np.broadcast_to(H, (Bn, H.shape[1])), np.broadcast_to(A, (Bn, A.shape[1])), np.broadcast_to(bad, (Bn,))
         out = np.full(Bn, np.nan)
-        if (~bad).any(): out[~bad] = wauroc_rows(H[~bad], A[~bad], k)
+        if (~bad).any(): out[~bad] = wauroc_rows(H[~bad], A[~bad], k, ties)
         for i in np.flatnonzero(bad):
             h = H[i][~np.isnan(H[i])]
-            if len(h): out[i] = wauroc_rows(h, A[i], k)[0]
+            if len(h): out[i] = wauroc_rows(h, A[i], k, ties)[0]
         return out
     CH, CA, nh, nv = roc_counts_rows(H, A)
     with np.errstate(invalid="ignore", divide="ignore"):
         F, R = CH / nh, CA / nv[:, None]
+    if ties != "diagonal":   # each segment becomes two steps through a corner: up then right (upper), right then up (lower)
+        F2, R2 = np.empty((F.shape[0], 2 * F.shape[1] - 1)), np.empty((F.shape[0], 2 * F.shape[1] - 1))
+        F2[:, 0::2], R2[:, 0::2] = F, R
+        F2[:, 1::2], R2[:, 1::2] = (F[:, :-1], R[:, 1:]) if ties == "upper" else (F[:, 1:], R[:, :-1])
+        F, R = F2, R2                     # (a segment that is already a step gets a corner on one of its ends: no change)
     f0, f1, r0, r1 = F[:, :-1], F[:, 1:], R[:, :-1], R[:, 1:]
     d, Z = f1 - f0, -math.expm1(-k)
     e0 = np.exp(-k * f0)
@@ -239,97 +251,141 @@ def wauroc_rows(H, A, k: float = SHIELD_K):
     return np.where(nv > 0, out, np.nan)
 
 # %% ../nbs/30_calibration_metrics.ipynb #8c4ab624
-def youden_rows(H, A) -> tuple:
-    "(FPR, TPR, J) at the Youden-optimal threshold per row; ties in J -> the smallest FPR."
+YOUDEN_TIES = ("min_fpr", "max_fpr")   # which FPR among equal maxima of J: setting `youden_ties`
+
+def youden_rows(H, A, ties: str = "min_fpr") -> tuple:
+    "(FPR, TPR, J) at the Youden-optimal threshold per row; equal maxima of J -> the smallest FPR (or the largest: `ties`)."
+    if ties not in YOUDEN_TIES:
+        from stealth_eval.core import StealthEvalError
+        raise StealthEvalError(f"youden_ties={ties!r}: expected one of {', '.join(YOUDEN_TIES)}")
     CH, CA, nh, nv = roc_counts_rows(H, A)
     Jn = CA * nh - CH * nv[:, None]                       # J * n_h * n_a in exact integer arithmetic
-    i = np.argmax(Jn, axis=1)[:, None]
+    i = np.argmax(Jn, axis=1) if ties == "min_fpr" else Jn.shape[1] - 1 - np.argmax(Jn[:, ::-1], axis=1)
+    i = i[:, None]
     with np.errstate(invalid="ignore", divide="ignore"):
         f, r = np.take_along_axis(CH, i, 1)[:, 0] / nh, np.take_along_axis(CA, i, 1)[:, 0] / nv
     f = np.where(nv > 0, f, np.nan)
     return f, r, r - f
 
 # %% ../nbs/30_calibration_metrics.ipynb #713badf4
-def sfd(fprs, lam: float = SHIELD_LAMBDA):
-    "exp(-lambda * sigma) with sigma the population std (ddof=0) of the Youden FPRs over scenarios (axis 0)."
-    return np.exp(-lam * np.std(np.asarray(fprs, np.float64), axis=0, ddof=0))
+def sfd(fprs, lam: float = SHIELD_LAMBDA, ddof: int = 0):
+    "exp(-lambda * sigma) with sigma the std of the Youden FPRs over scenarios (axis 0): population (ddof=0) or sample (ddof=1)."
+    return np.exp(-lam * np.std(np.asarray(fprs, np.float64), axis=0, ddof=ddof))
 
 # %% ../nbs/30_calibration_metrics.ipynb #f3b204d2
-def urss(waurocs, fprs, lam: float = SHIELD_LAMBDA):
+def urss(waurocs, fprs, lam: float = SHIELD_LAMBDA, ddof: int = 0):
     "URSS = mean W-AUROC over scenarios x SFD over the same scenarios (axis 0 = scenarios)."
-    return np.mean(np.asarray(waurocs, np.float64), axis=0) * sfd(fprs, lam)
+    return np.mean(np.asarray(waurocs, np.float64), axis=0) * sfd(fprs, lam, ddof)
 
 # %% ../nbs/30_calibration_metrics.ipynb #62429351
-def _family(scen: list, level: float, lam: float) -> dict:
-    "SFD, mean W-AUROC and URSS over scenarios [(name, w, w_draws, fpr, fpr_draws, n_h, n_a)], with intervals."
-    out = {"n_scenarios": len(scen), "scenarios": {s[0]: {"wauroc": float(s[1]), "youden_fpr": float(s[3]), "n_human": s[5], "n_ai": s[6]} for s in scen}}
+def _family(scen: list, level: float, lam: float, ddof: int = 0) -> dict:
+    "SFD, mean AUROC and W-AUROC, URSS over scenarios [(name, w, w_draws, fpr, fpr_draws, n_h, n_a, auc, auc_draws)], with intervals."
+    out = {"n_scenarios": len(scen), "scenarios": {s[0]: {"auc": float(s[7]), "wauroc": float(s[1]), "youden_fpr": float(s[3]),
+                                                         "n_human": s[5], "n_ai": s[6]} for s in scen}}
     if len(scen) < 2: return {**out, "note": "fewer than 2 scenarios: SFD and URSS are undefined"}
     W, Wb = np.array([s[1] for s in scen]), np.stack([s[2] for s in scen])
     F, Fb = np.array([s[3] for s in scen]), np.stack([s[4] for s in scen])
-    return {**out, **_summarise("sigma_fpr", np.std(F, ddof=0), np.std(Fb, axis=0, ddof=0), level),
-            **_summarise("sfd", sfd(F, lam), sfd(Fb, lam), level), **_summarise("wauroc_mean", W.mean(), Wb.mean(0), level),
-            **_summarise("urss", urss(W, F, lam), urss(Wb, Fb, lam), level), "note": ""}
+    U, Ub = np.array([s[7] for s in scen]), np.stack([s[8] for s in scen])
+    return {**out, **_summarise("sigma_fpr", np.std(F, ddof=ddof), np.std(Fb, axis=0, ddof=ddof), level),
+            **_summarise("sfd", sfd(F, lam, ddof), sfd(Fb, lam, ddof), level), **_summarise("auc_mean", U.mean(), Ub.mean(0), level),
+            **_summarise("wauroc_mean", W.mean(), Wb.mean(0), level),
+            **_summarise("urss", urss(W, F, lam, ddof), urss(Wb, Fb, lam, ddof), level), "note": ""}
 
 # %% ../nbs/30_calibration_metrics.ipynb #75ca3766
-def _one(h, a, ih, ia, k):
-    "Point and bootstrap draws of W-AUROC and of the Youden FPR/TPR/J for one (human, AI) pair."
-    f, r, j = youden_rows(h, a); fb, rb, jb = youden_rows(h[ih], a[ia])
-    return {"w": (wauroc_rows(h, a, k)[0], wauroc_rows(h[ih], a[ia], k)), "f": (f[0], fb), "r": (r[0], rb), "j": (j[0], jb)}
+def _one(h, a, ih, ia, k, ch: dict | None = None):
+    "Point and bootstrap draws of AUROC, W-AUROC and the Youden FPR/TPR/J for one (human, AI) pair; `ch`: `shield_choices`."
+    ch = ch or {}
+    wt, yt = ch.get("wauroc_ties", "diagonal"), ch.get("youden_ties", "min_fpr")
+    f, r, j = youden_rows(h, a, yt); fb, rb, jb = youden_rows(h[ih], a[ia], yt)
+    return {"w": (wauroc_rows(h, a, k, wt)[0], wauroc_rows(h[ih], a[ia], k, wt)), "f": (f[0], fb), "r": (r[0], rb), "j": (j[0], jb),
+            "u": (auroc_rows(h, a)[0], auroc_rows(h[ih], a[ia]))}
+
+def _scen(name, o: dict, n_h: int, n_a: int) -> tuple:
+    "The scenario tuple `_family` reads."
+    return (name, o["w"][0], o["w"][1], o["f"][0], o["f"][1], int(n_h), int(n_a), o["u"][0], o["u"][1])
 
 # %% ../nbs/30_calibration_metrics.ipynb #b2cc0db1
 def _sample_attr(rows, col: str) -> dict:
     return dict(zip(rows["sample_id"], rows[col]))
 
 # %% ../nbs/30_calibration_metrics.ipynb #44711e5d
+def shield_choices(cfg: dict) -> dict:
+    "The choices SHIELD leaves open, as a run makes them: settings shield_std_ddof, youden_ties, wauroc_ties and shield.mi_alpha."
+    from stealth_eval.schema import Settings, Shield
+    s = Settings()
+    return {"std_ddof": int(cfg.get("shield_std_ddof", s.shield_std_ddof)), "youden_ties": cfg.get("youden_ties", s.youden_ties),
+            "wauroc_ties": cfg.get("wauroc_ties", s.wauroc_ties), "mi_alpha": float((cfg.get("shield") or {}).get("mi_alpha", Shield().mi_alpha))}
+
+def _style_llm_families(c: dict, det: str, h, cs_det: dict, dom: dict, gen: dict, k, lam, ddof, ch, d: dict):
+    "SHIELD's own grouping: a scenario is one (writing style, LLM) cell; SFD across LLMs per style, across styles per LLM."
+    ds, defense, orig, level, B, seed = c["dataset"], c["defense"], c["orig"], c["level"], c["B"], c["seed"]
+    hdom = np.array([dom.get(i) for i in c["hum_ok"].index], dtype=object)
+    for u, conds in c["groups"].items():
+        sty, llm = np.array([dom.get(i) for i in u], dtype=object), np.array([gen.get(i) for i in u], dtype=object)
+        styles, llms = sorted({s for s in sty if isinstance(s, str)}), sorted({g for g in llm if isinstance(g, str)})
+        if len(styles) < 2 and len(llms) < 2: continue
+        for cond in conds:
+            if cond not in cs_det: continue
+            a_all, cells = cs_det[cond][0], {}
+            for s in styles:
+                sel_h = hdom == s
+                if not sel_h.any(): continue
+                hh = h[sel_h]                        # the style's human texts, one draw shared by its LLMs (paired)
+                ih = _resample(len(hh), B, seed, ds, defense, "shield", "style", s, "human")
+                for g in llms:
+                    aa = a_all[(sty == s) & (llm == g)]
+                    if not len(aa) or np.isnan(aa).all(): continue
+                    ia = _resample(len(aa), B, seed, ds, defense, "shield", "style", s, "llm", g, stable_hash(list(u)))
+                    cells[(s, g)] = _scen(None, _one(hh, aa, ih, ia, k, ch), len(hh), (~np.isnan(aa)).sum())
+            fam = lambda key, sc: {"defense": defense, "condition": cond, **key, **_family(sc, level, lam, ddof)}
+            if len(styles) >= 2:                     # Table 2 / Fig. 5: one LLM, across writing styles
+                per_llm = {g: fam({"llm": g}, [(s,) + cells[(s, g)][1:] for s in styles if (s, g) in cells]) for g in llms}
+                d["conditions"][cond]["styles_per_llm"] = per_llm
+                if cond == orig and defense == "none":
+                    for g, F in per_llm.items(): d["families"][f"styles_per_llm:{g}"] = F
+            if len(llms) >= 2 and cond == orig and defense == "none":   # Fig. 2: one writing style, across LLMs
+                for s in styles:
+                    d["families"][f"llms_within_style:{s}"] = fam({"style": s}, [(g,) + cells[(s, g)][1:] for g in llms if (s, g) in cells])
+
 def compute_shield(scores, cfg: dict) -> dict:
     "metrics_shield.json: W-AUROC per condition, SFD and URSS per scenario family, per (dataset, detector)."
     level, B, seed = cfg["ci_level"], cfg["n_bootstrap"], cfg["seed"]
     k, lam = cfg.get("shield_k", SHIELD_K), cfg.get("shield_lambda", SHIELD_LAMBDA)
+    ch = shield_choices(cfg)
+    ddof = ch["std_ddof"]
     res = {}
     for c in calibration_sets(scores, cfg):
         ds, defense, orig = c["dataset"], c["defense"], c["orig"]
         if len(c["hum_ok"]) == 0 or not c["groups"]: continue
         rows = c["rows"]
         dom, gen = _sample_attr(rows, "domain"), _sample_attr(rows[rows["label"] == "ai"], "generator")
-        hid = list(c["hum_ok"].index)
         for det in c["dets"]:
             h = c["hum_ok"][det].to_numpy(np.float64)
             d = res.setdefault(ds, {}).setdefault(det, {"conditions": {}, "families": {}})
-            scen = []
-            for cond, (a, ia) in condition_scores(c, det).items():
-                o = _one(h, a, c["idx_h"], ia, k)
+            scen, cs_det = [], condition_scores(c, det)
+            for cond, (a, ia) in cs_det.items():
+                o = _one(h, a, c["idx_h"], ia, k, ch)
                 m = {"label": "ai", "defense": defense, "n_human": int(len(h)), "n_ai": int((~np.isnan(a)).sum()),
                      **_summarise("wauroc", *o["w"], level), **_summarise("youden_fpr", *o["f"], level),
                      "youden_tpr": float(o["r"][0]), "youden_j": float(o["j"][0])}
                 d["conditions"][cond] = m
-                scen.append((cond, o["w"][0], o["w"][1], o["f"][0], o["f"][1], m["n_human"], m["n_ai"]))
-            d["families"]["attacks" if defense == "none" else f"attacks+{defense}"] = {"defense": defense, **_family(scen, level, lam)}
-            # domains / generators: the original AI texts of one group against the human texts of that group (all humans
-            # for generators); per condition: the same condition across domains (SHIELD Table 2)
-            cs_det = condition_scores(c, det)
-            for fam, attr, conds in (("domains", dom, [cc for cs in c["groups"].values() for cc in cs]), ("generators", gen, [orig])):
-                for cond in conds:
-                    if cond not in cs_det: continue
-                    a_all, _ = cs_det[cond]
-                    u = next(u for u, cs in c["groups"].items() if cond in cs)
-                    names = sorted({attr.get(i) for i in u if isinstance(attr.get(i), str)})
-                    if len(names) < 2: continue
-                    fs = []
-                    for g in names:
-                        sel_a = np.array([attr.get(i) == g for i in u])
-                        sel_h = np.array([fam == "generators" or dom.get(i) == g for i in hid])
-                        if not sel_h.any() or np.isnan(a_all[sel_a]).all(): continue
-                        hh, aa = h[sel_h], a_all[sel_a]
-                        ih = _resample(len(hh), B, seed, ds, defense, "shield", fam, g, "human")
-                        ia = _resample(len(aa), B, seed, ds, defense, "shield", fam, g, "ai", stable_hash(list(u)))
-                        o = _one(hh, aa, ih, ia, k)
-                        fs.append((g, o["w"][0], o["w"][1], o["f"][0], o["f"][1], int(len(hh)), int((~np.isnan(aa)).sum())))
-                    if cond == orig and defense == "none": d["families"][fam] = {"defense": defense, "condition": cond, **_family(fs, level, lam)}
-                    if fam == "domains": d["conditions"][cond]["domains"] = _family(fs, level, lam)
-    meta = {"k": k, "lambda": lam, "std_ddof": 0, "ci_level": level, "n_bootstrap": B, "seed": seed,
-            "roc": "polyline through the operating points after each distinct score; a tie moves along the straight segment (k -> 0 gives the AUROC)",
-            "youden": "max of TPR - FPR over deterministic thresholds incl. the empty classifier; equal maxima -> smallest FPR",
-            "families": "attacks[+defense]: every AI condition vs the same human texts; domains / generators: original AI texts per group"}
+                scen.append(_scen(cond, o, m["n_human"], m["n_ai"]))
+            d["families"]["attacks" if defense == "none" else f"attacks+{defense}"] = {"defense": defense, **_family(scen, level, lam, ddof)}
+            _style_llm_families({**c, "level": level, "B": B, "seed": seed}, det, h, cs_det, dom, gen, k, lam, ddof, ch, d)
+    meta = {"k": k, "lambda": lam, **ch, "ci_level": level, "n_bootstrap": B, "seed": seed,
+            "roc": {"diagonal": "polyline through the operating points after each distinct score; a tie moves along the straight "
+                                "segment (ties count 1/2; k -> 0 gives the AUROC)",
+                    "upper": "a tie moves up (its AI texts flagged) before right: the most favourable ROC",
+                    "lower": "a tie moves right (its human texts flagged) before up: the least favourable ROC"}[ch["wauroc_ties"]],
+            "youden": "max of TPR - FPR over deterministic thresholds incl. the empty classifier; equal maxima -> the "
+                      + ("smallest" if ch["youden_ties"] == "min_fpr" else "largest") + " FPR",
+            "sfd_std": f"{'population' if ddof == 0 else 'sample'} standard deviation (ddof={ddof}) of the Youden FPRs over the scenarios",
+            "families": "attacks[+defense]: every AI condition vs the same human texts; llms_within_style:<style> (SHIELD Fig. 2): "
+                        "the original AI texts of each LLM in that writing style against that style's human texts, SFD across the LLMs; "
+                        "styles_per_llm:<llm> (Fig. 5, Table 2): one LLM's texts in each writing style against that style's human "
+                        "texts, SFD across the styles (for every condition also under conditions.<condition>.styles_per_llm)",
+            "open_choices": "the paper leaves these unstated; the settings shield_std_ddof, youden_ties, wauroc_ties and shield.mi_alpha "
+                            "(the MI ranker's smoothing; the paper's Eq. 1 is unsmoothed, alpha = 0) make them; values above"}
     return {"meta": meta, "datasets": res}
 
 # %% ../nbs/30_calibration_metrics.ipynb #ade3bd77
@@ -382,7 +438,7 @@ def _is_supervised(det: str, family) -> bool:
 
 # %% ../nbs/30_calibration_metrics.ipynb #b23fe54c
 def compute_tau(scores, cfg: dict, groups: dict | None = None) -> dict:
-    "metrics_tau.json: tau per (dataset, detector, condition), its max over detectors, and the cross-validated tau."
+    "metrics_tau.json: tau per (dataset, detector, condition), its max over detectors, the cross-validated tau, and Table 2."
     level, seed, K = cfg["ci_level"], cfg["seed"], cfg.get("tau_cv_folds", 5)
     if groups is None and "source_id" in scores.columns:
         groups = {(d, i): g for d, i, g in zip(scores["dataset"], scores["sample_id"], scores["source_id"])}
@@ -416,13 +472,44 @@ def compute_tau(scores, cfg: dict, groups: dict | None = None) -> dict:
             best = dets[int(np.nanargmax(P))] if not np.isnan(P).all() else None
             cv = {x: per[x]["tau_cv"] for x in dets if not np.isnan(per[x]["tau_cv"])}
             res[ds].setdefault("max", {})[cond] = {
-                "defense": defense, "n_detectors": len(dets), "detector": best, **_summarise("tau", np.nanmax(P), np.nanmax(Bm, axis=0), level),
+                "defense": defense, "over": "detectors", "n_detectors": len(dets), "detector": best,
+                **_summarise("tau", np.nanmax(P), np.nanmax(Bm, axis=0), level),
                 "tau_two_sided": max(per[x]["tau_two_sided"] for x in dets),
                 "tau_cv": max(cv.values()) if cv else float("nan"), "detector_cv": max(cv, key=cv.get) if cv else None}
     meta = {"prior": 0.5, "loss": "0-1", "risk_chance": 0.5, "classifiers": "thresholds on one detector's AI-oriented score",
             "tau": "max_t TPR(t) - FPR(t) (= 1 - R(h*)/R(chance))", "cv_folds": K, "cv_groups": "source id",
-            "ci_level": level, "n_bootstrap": cfg["n_bootstrap"], "seed": seed}
-    return {"meta": meta, "datasets": res}
+            "ci_level": level, "n_bootstrap": cfg["n_bootstrap"], "seed": seed,
+            "max": "the 'max' entries: max over the detectors of one (dataset, condition), the panel as one classifier; "
+                   "not Table 2's Max column (max over contexts per transformation): that is `table2`",
+            "table2": "the paper's Table 2: transformation = detector, context = dataset, machine = AI condition; "
+                      "tau (tau_cv for supervised detectors, its footnote 1); Max over contexts; Average over transformations; "
+                      "Avg. gap = Average of the reference machine (m0, same defense) minus the machine's"}
+    return {"meta": meta, "datasets": res, "table2": tau_table2(res)}
+
+# %% ../nbs/30_calibration_metrics.ipynb #1c7a088e
+def tau_table2(res: dict, reference: str = "m0") -> dict:
+    "Table 2 of the statistical Turing test from `compute_tau`'s datasets: tau per transformation x context x machine, Max, Average, Avg. gap."
+    ctx = sorted(res)
+    tau, val, dfn = {}, {}, {}
+    for ds in ctx:
+        for det, cc in res[ds].items():
+            if det == "max": continue                 # the panel's max over detectors is not a transformation
+            for c, e in cc.items():
+                k = "tau_cv" if e.get("supervised") else "tau"   # footnote 1: cross-validated for a supervised transformation
+                if not math.isfinite(e.get(k, float("nan"))): continue
+                val[det], dfn[c] = k, e.get("defense", "none")
+                tau.setdefault(det, {}).setdefault(c, {})[ds] = float(e[k])
+    dets = sorted(tau)
+    machines = sorted(dfn, key=lambda c: ("+" in c, c.split("+")[0] != reference, c))
+    mx = {d: {c: max(v.values()) for c, v in tau[d].items()} for d in dets}
+    arg = {d: {c: max(v, key=v.get) for c, v in tau[d].items()} for d in dets}
+    avg = {c: {ds: float(np.mean(x)) for ds in ctx if (x := [tau[d][c][ds] for d in dets if ds in tau[d].get(c, {})])} for c in machines}
+    avg_max = {c: float(np.mean([mx[d][c] for d in dets if c in mx[d]])) for c in machines}
+    ref = {c: reference if dfn[c] == "none" else f"{reference}+{dfn[c]}" for c in machines}
+    gap = {c: {**{ds: avg[ref[c]][ds] - v for ds, v in avg[c].items() if ds in avg[ref[c]]}, "max": avg_max[ref[c]] - avg_max[c]}
+           for c in machines if ref[c] != c and ref[c] in avg}
+    return {"contexts": ctx, "transformations": dets, "machines": machines, "reference": ref, "value": val, "tau": tau,
+            "max": mx, "argmax_context": arg, "average": avg, "average_max": avg_max, "avg_gap": gap}
 
 # %% ../nbs/30_calibration_metrics.ipynb #be07abdc
 def polish_level(method: str, setting: str):
@@ -502,6 +589,19 @@ def _apt_protocols(cal: dict, level) -> dict:
                           "calibration": cal["source"]})
     return out
 
+def _apt_by_domain(x, doms, rules: list, key: tuple, c: dict, level) -> dict:
+    "Flag rates of the texts `x` in each domain `doms` at every rule's threshold (APT-Eval Figs. 6/17/18); {} with fewer than 2 domains."
+    names = sorted({d for d in doms if isinstance(d, str) and d})
+    if len(names) < 2: return {}
+    out = {}
+    for dm in names:
+        xd = x[doms == dm]
+        ix = _resample(len(xd), c["B"], c["seed"], c["dataset"], c["defense"], "apt-domain", *key, dm)
+        e = out[dm] = {"n": int(len(xd))}
+        for k, t, tb, _ in rules:   # the dataset's threshold (one per detector and rule), refitted per resample as above
+            e.update({f"n_flagged{k}": int((xd >= t).sum()), **_summarise(f"flag_rate{k}", tpr_rows(xd, [t])[0], tpr_rows(xd[ix], tb), level)})
+    return out
+
 def compute_apt(scores, cfg: dict, polishers: dict | None = None) -> dict:
     "metrics_apt.json: flag rates of AI-polished human texts per polish level and polisher, at the spec's and APT-Eval's thresholds."
     polishers = polishers or {}
@@ -515,6 +615,8 @@ def compute_apt(scores, cfg: dict, polishers: dict | None = None) -> dict:
         pol = {cond: v for cond, v in pol.items() if v}
         if not pol: continue
         who = {(r["condition"], r["sample_id"]): _polisher(r, pol[r["condition"]], cfg, polishers) for r in info.to_dict(orient="records") if r["condition"] in pol}
+        where = dict(zip(zip(info["condition"], info["sample_id"]), info["domain"])) if "domain" in info.columns else {}
+        cd = {**c, "B": B, "seed": seed}
         for det in c["dets"]:
             h = c["hum_ok"][det].to_numpy(np.float64)
             Hx = _pivot(hum_rows[hum_rows["detector_name"] == det], "sample_id", "condition")
@@ -534,11 +636,14 @@ def compute_apt(scores, cfg: dict, polishers: dict | None = None) -> dict:
                 fh = tpr_rows(h[c["idx_h"]], tb)
                 base["by_polisher"].setdefault("all", {"n": int(len(h))}).update(
                     {**facts, f"n_flagged{k}": int((h >= t).sum()), **_summarise(f"flag_rate{k}", (h >= t).mean(), fh, level)})
+            bd = _apt_by_domain(h, np.array([where.get((c["orig"], i)) for i in c["hum_ok"].index], dtype=object), rules, (c["orig"], "all"), cd, level)
+            if bd: base["by_polisher"]["all"]["by_domain"] = bd
             for cond in sorted(x for x in pol if x in Hx):
                 col = Hx[cond].dropna()
                 kind, lvl, src = pol[cond]
                 e = d.setdefault(cond, {"polish": kind, "level": lvl, "source": src, "defense": defense, "by_polisher": {}})
                 ps = np.array([who.get((cond, i), "unknown") for i in col.index])
+                dms = np.array([where.get((cond, i)) for i in col.index], dtype=object)
                 for p in ["all"] + sorted(set(ps)):
                     sel = np.ones(len(col), bool) if p == "all" else ps == p
                     x = col.to_numpy(np.float64)[sel]
@@ -550,6 +655,8 @@ def compute_apt(scores, cfg: dict, polishers: dict | None = None) -> dict:
                         entry.update({**facts, f"n_flagged{k}": int((x >= t).sum()),
                                       **_summarise(f"flag_rate{k}", tpr_rows(x, [t])[0] if len(x) else np.nan,
                                                    tpr_rows(x[ix], tb) if len(x) else np.full(B, np.nan), level)})
+                    bd = _apt_by_domain(x, dms[sel], rules, (cond, p), cd, level)
+                    if bd: entry["by_domain"] = bd
     meta = {"threshold": "the spec's: pure-human threshold of the dataset (unedited human texts only) at each FPR target "
                          "(keys threshold1, flag_rate1, ...), refitted per resample",
             "threshold_acc": "APT-Eval's (Sec. 3.1, Table 6): the threshold maximising accuracy on its calibration split "
@@ -557,7 +664,9 @@ def compute_apt(scores, cfg: dict, polishers: dict | None = None) -> dict:
             "threshold_fpr5": f"APT-Eval's App. B variant: {APT_FPR_VARIANT:.0%} FPR on the calibration humans, refitted per resample",
             "fpr_calib": "share of the calibration humans at or above the threshold (FP / humans; Table 6's FPR column is FP / all 600 texts)",
             "accuracy": "accuracy of the threshold on the calibration split (Table 6's Accuracy column)",
-            "flag_rate": "share of valid polished texts with score >= threshold", "ci_level": level, "n_bootstrap": B, "seed": seed}
+            "flag_rate": "share of valid polished texts with score >= threshold",
+            "by_domain": "the same flag rates per domain (the rows' `domain`; APT-Eval Figs. 6/17/18), at the same thresholds, "
+                         "when the texts span two or more domains", "ci_level": level, "n_bootstrap": B, "seed": seed}
     return {"meta": meta, "datasets": res}
 
 # %% ../nbs/30_calibration_metrics.ipynb #631c40cd
@@ -571,12 +680,72 @@ def beemo_version(label: str, method: str, setting: str):
     return None
 
 # %% ../nbs/30_calibration_metrics.ipynb #6ac23233
-def compute_beemo(scores, cfg: dict) -> dict:
-    "metrics_beemo.json: AUROC and TPR@FPR per Beemo task formulation, per (dataset, detector)."
+from .schema import Settings
+BEEMO_EDIT_BINS = tuple(Settings.__dataclass_fields__["beemo_edit_bins"].default_factory())   # Fig. 4 has seven ranges; its edges are not in the text
+BEEMO_CATEGORIES = {"generation": "Generation", "open_qa": "Open QA", "summarize": "Summarize", "rewrite": "Rewrite",
+                    "closed_qa": "Closed QA"}   # `domain` -> the paper's name, in the order of its Tables 14-18
+
+def edit_range_labels(edges) -> list:
+    "One label per range: '[a,b)', the last closed '[a,b]'."
+    e = [f"{float(x):g}" for x in edges]
+    return [f"[{a},{b})" for a, b in zip(e[:-2], e[1:-1])] + [f"[{e[-2]},{e[-1]}]"]
+
+def edit_range(pct, edges) -> np.ndarray:
+    "The range index of each percentage (the last range includes its upper edge); -1 for NaN or outside the edges."
+    x, e = np.asarray(pct, np.float64), np.asarray(edges, np.float64)
+    i = np.where(x == e[-1], len(e) - 2, np.searchsorted(e, x, side="right") - 1)
+    return np.where(np.isnan(x) | (x < e[0]) | (x > e[-1]), -1, i)
+
+def beemo_edit_facts(scores, out_dir=None, unit: str = "chars") -> dict:
+    "(dataset, source id) -> the row's expert edit %: the reader's `expert_edit_pct` in data/<dataset>.jsonl, else from the texts in `scores`."
+    from stealth_eval.benchmarks_hub import beemo_edit_percentage
+    from stealth_eval.core import read_jsonl
+    from stealth_eval.data import dataset_path
+    s = scores[(scores["candidate_rank"] == 0) & (scores["defense"] == "none") & (scores["method"] == "m0") & (scores["label"] == "ai")]
+    src = s["source_id"] if "source_id" in s.columns else s["sample_id"]
+    out = {}
+    for ds in s["dataset"].unique():
+        if not ("beemo" in dataset_analyses(ds) or (s.loc[s["dataset"] == ds, "setting"] == "expert").any()): continue
+        p = dataset_path(out_dir, ds) if out_dir else None
+        recs = read_jsonl(p) if p is not None and p.exists() else []
+        f = "expert_edit_pct" if unit == "chars" else "expert_edit_pct_words"
+        got = {(ds, str(r.get("source_id") or r["id"])): float(r[f]) for r in recs
+               if isinstance(r.get(f), (int, float)) and not math.isnan(r[f])}
+        if not got and "text_out" in s.columns:   # a folder without the reader's field: the machine and expert texts of a row
+            sd, sr = s[s["dataset"] == ds], src[s["dataset"] == ds]
+            txt = {v: dict(zip(sr[sd["setting"] == st].astype(str), sd.loc[sd["setting"] == st, "text_out"])) for v, st in (("m", ""), ("e", "expert"))}
+            got = {(ds, k): beemo_edit_percentage(m, txt["e"][k], unit) for k, m in txt["m"].items()
+                   if isinstance(m, str) and isinstance(txt["e"].get(k), str) and m.strip() and txt["e"][k].strip()}
+        out.update(got)
+    return out
+
+def _beemo_entry(gn, gp, neg, pos, defense, cfg, key) -> dict | None:
+    "AUROC and TPR at the negatives' threshold per target FPR of one task: negatives' rows `gn`, positives' `gp`; None if empty."
+    level, B = cfg["ci_level"], cfg["n_bootstrap"]
+    xn, xp = gn["detector_score_ai"].dropna().to_numpy(np.float64), gp["detector_score_ai"].to_numpy(np.float64)
+    if not len(xn) or np.isnan(xp).all(): return None
+    i_n, i_p = _resample(len(xn), B, *key, "neg"), _resample(len(xp), B, *key, "pos")
+    m = {"negatives": sorted(neg), "positives": sorted(pos), "defense": defense, "n_neg": int(len(xn)),
+         "n_neg_invalid": int(len(gn) - len(xn)), "n_pos": int((~np.isnan(xp)).sum()), "n_pos_invalid": int(np.isnan(xp).sum()),
+         **_summarise("auc", auroc_rows(xn, xp)[0], auroc_rows(xn[i_n], xp[i_p]), level)}
+    for alpha in cfg["fpr_targets"]:
+        k = _fpr_key(alpha)
+        t, tb = threshold_at_fpr(xn, alpha), threshold_at_fpr(xn[i_n], alpha)
+        m.update({f"threshold{k}": float(t), f"fpr{k}_neg": float((xn >= t).mean()),
+                  **_summarise(f"tpr{k}", tpr_rows(xp, [t])[0], tpr_rows(xp[i_p], tb), level)})
+    return m
+
+def _category_order(c: str) -> tuple: return (list(BEEMO_CATEGORIES).index(c) if c in BEEMO_CATEGORIES else len(BEEMO_CATEGORIES), c)
+
+def compute_beemo(scores, cfg: dict, edits: dict | None = None) -> dict:
+    "metrics_beemo.json: AUROC and TPR@FPR per Beemo task formulation, per (dataset, detector), per category and per expert edit range."
     from stealth_eval.benchmarks_hub import BEEMO_TASKS
-    level, B, seed = cfg["ci_level"], cfg["n_bootstrap"], cfg["seed"]
+    seed, edges = cfg["seed"], tuple(cfg.get("beemo_edit_bins") or BEEMO_EDIT_BINS)
+    labels = edit_range_labels(edges)
+    unit = cfg.get("beemo_edit_unit") or "chars"     # the edit measure: difflib on characters (the paper's call) or words
+    if edits is None: edits = beemo_edit_facts(scores, cfg.get("out_dir"), unit)
     s = scores[scores["candidate_rank"] == 0]
-    res = {}
+    res, by_cat, by_edit, dist = {}, {}, {}, {}
     for (ds, defense), sd in s.groupby(["dataset", "defense"], sort=True):
         ver = np.array([beemo_version(l, m, st) for l, m, st in zip(sd["label"], sd["method"], sd["setting"])], dtype=object)
         vs = {v for v in ver if v}
@@ -590,26 +759,40 @@ def compute_beemo(scores, cfg: dict) -> dict:
         hv = sd[ver == "human"]                        # human texts: those valid for every detector, as in calibration
         ok_h = set(_pivot(hv, "sample_id", "detector_name").dropna().index) if len(hv) else set()
         keep = (ver != "human") | sd["sample_id"].isin(ok_h).to_numpy()
-        for det, g in sd.assign(_v=ver)[keep].groupby("detector_name", sort=True):
+        src = (sd["source_id"] if "source_id" in sd.columns else sd["sample_id"]).astype(str)
+        pct = np.array([edits.get((ds, x), np.nan) for x in src], np.float64)
+        rng = edit_range(pct, edges)
+        sfx = "" if defense == "none" else f"+{defense}"
+        if defense == "none" and ((ver == "expert") & ~np.isnan(pct)).any():   # the distribution of the expert edits scored
+            p = pd.Series(pct, index=src.to_numpy())[ver == "expert"].dropna().groupby(level=0).first()
+            r = edit_range(p.to_numpy(), edges)
+            dist[ds] = {"n": int(len(p)), "mean": float(p.mean()), "std": float(p.std(ddof=1)) if len(p) > 1 else float("nan"),
+                        "median": float(p.median()), "counts": {lab: int((r == i).sum()) for i, lab in enumerate(labels)}}
+        g0 = sd.assign(_v=ver, _pct=pct, _rng=rng)[keep]
+        for det, g in g0.groupby("detector_name", sort=True):
+            pick = lambda grp, x: x[np.array([v is not None and (v in grp or fam(v) in grp) for v in x["_v"]], dtype=bool)]
             for task, (neg, pos) in tasks.items():
-                pick = lambda grp: g[g["_v"].map(lambda v: v is not None and (v in grp or fam(v) in grp))]
-                gn, gp = pick(neg), pick(pos)
-                xn, xp = gn["detector_score_ai"].dropna().to_numpy(np.float64), gp["detector_score_ai"].to_numpy(np.float64)
-                if not len(xn) or np.isnan(xp).all(): continue
-                i_n = _resample(len(xn), B, seed, ds, defense, "beemo", task, "neg")
-                i_p = _resample(len(xp), B, seed, ds, defense, "beemo", task, "pos")
-                m = {"negatives": sorted(neg), "positives": sorted(pos), "defense": defense, "n_neg": int(len(xn)),
-                     "n_neg_invalid": int(len(gn) - len(xn)), "n_pos": int((~np.isnan(xp)).sum()), "n_pos_invalid": int(np.isnan(xp).sum()),
-                     **_summarise("auc", auroc_rows(xn, xp)[0], auroc_rows(xn[i_n], xp[i_p]), level)}
-                for alpha in cfg["fpr_targets"]:
-                    k = _fpr_key(alpha)
-                    t, tb = threshold_at_fpr(xn, alpha), threshold_at_fpr(xn[i_n], alpha)
-                    m.update({f"threshold{k}": float(t), f"fpr{k}_neg": float((xn >= t).mean()),
-                              **_summarise(f"tpr{k}", tpr_rows(xp, [t])[0], tpr_rows(xp[i_p], tb), level)})
-                res.setdefault(ds, {}).setdefault(det, {})[task if defense == "none" else f"{task}+{defense}"] = m
+                e = _beemo_entry(pick(neg, g), pick(pos, g), neg, pos, defense, cfg, (seed, ds, defense, "beemo", task))
+                if e: res.setdefault(ds, {}).setdefault(det, {})[task + sfx] = e
+                for cat in sorted(set(g["domain"]), key=_category_order) if "domain" in g.columns else []:
+                    gc = g[g["domain"] == cat]
+                    e = _beemo_entry(pick(neg, gc), pick(pos, gc), neg, pos, defense, cfg, (seed, ds, defense, "beemo", task, "category", cat))
+                    if e: by_cat.setdefault(ds, {}).setdefault(cat, {}).setdefault(det, {})[task + sfx] = {"category": BEEMO_CATEGORIES.get(cat, cat), **e}
+            neg, pos = tasks["expert_vs_machine"]      # Fig. 4: E vs. M, the rows split by their expert edit range
+            for i, lab in enumerate(labels):
+                gi = g[g["_rng"] == i]
+                e = _beemo_entry(pick(neg, gi), pick(pos, gi), neg, pos, defense, cfg, (seed, ds, defense, "beemo", "expert_vs_machine", "edit", lab))
+                if e: by_edit.setdefault(ds, {}).setdefault(det, {}).setdefault("expert_vs_machine" + sfx, {})[lab] = {
+                    "edit_range": lab, "edit_pct_mean": float(pick(neg, gi)["_pct"].mean()), **e}
     meta = {"tasks": "benchmarks_hub.BEEMO_TASKS: (negatives, positives); threshold calibrated on the negatives",
-            "ci_level": level, "n_bootstrap": B, "seed": seed}
-    return {"meta": meta, "datasets": res}
+            "categories": "per `domain` (the dataset's category), the same task formulations (paper App. H, Tables 14-18)",
+            "edit_ranges": "expert_vs_machine per range of the row's expert edit percentage (paper Fig. 4); both classes of a range "
+                           "are the rows whose expert edit falls in it",
+            "edit_measure": ("100 * (1 - difflib.SequenceMatcher(None, machine, expert).ratio()) on the two strings, difflib defaults"
+                             if unit == "chars" else "100 * (1 - difflib ratio) on whitespace-split words, autojunk off")
+                            + f" (benchmarks_hub.beemo_edit_percentage, unit={unit!r})", "edit_unit": unit, "edit_bins": list(edges),
+            "ci_level": cfg["ci_level"], "n_bootstrap": cfg["n_bootstrap"], "seed": seed}
+    return {"meta": meta, "datasets": res, "categories": by_cat, "edit_ranges": by_edit, "edit_pct": dist}
 
 # %% ../nbs/30_calibration_metrics.ipynb #051aba6e
 from .schema import Settings
@@ -775,7 +958,7 @@ _COUNTS = {"n_human": "n_human", "n_ai": "n_ai", "n_ai_invalid": "n_invalid", "n
            "n": "n_human"}
 _FPR_BASES = ("delta_tpr", "tpr", "asr", "threshold", "fpr", "flag_rate", "n_flagged")
 _FPR_KEY = _re.compile(r"(?P<pre>" + "|".join(_FPR_BASES) + r")(?P<k>1|@[0-9.eE+-]+)(?P<post>_[a-z]+)?")
-HIGHER_IS_BETTER = {**dict.fromkeys(["auc", "tpr", "tpr_pooled", "accuracy_acc", "accuracy_fpr5", "tpr_orig", "delta_tpr", "wauroc", "wauroc_mean", "youden_tpr", "youden_j",
+HIGHER_IS_BETTER = {**dict.fromkeys(["auc", "tpr", "tpr_pooled", "accuracy_acc", "accuracy_fpr5", "tpr_orig", "delta_tpr", "wauroc", "wauroc_mean", "auc_mean", "youden_tpr", "youden_j",
                                      "sfd", "urss", "tau", "tau_two_sided", "tau_cv"], True),
                     **dict.fromkeys(["asr", "fpr_human", "fpr_achieved", "fpr_realised", "fpr_human_pooled", "flag_rate_acc",
                                      "flag_rate_fpr5", "fpr_calib", "fpr_calib_acc", "fpr_calib_fpr5", "flag_rate", "fpr_neg", "sigma_fpr", "risk", "risk_cv"], False)}
@@ -863,7 +1046,8 @@ def metrics_long(scores, metrics: dict, thresholds: dict, shield: dict | None = 
         for det, d in dd.items():
             for cond, e in d["conditions"].items():
                 rows += _entry_rows(e, base("shield", ds, det, cond, defense=e.get("defense"), label=e.get("label")), "shield", skip=("label", "defense"))
-                if "domains" in e: rows += _scenario_rows(e["domains"], base("shield", ds, det, cond, defense=e.get("defense"), group="domains_per_condition"))
+                for g, F in e.get("styles_per_llm", {}).items():   # SHIELD Table 2: per LLM across writing styles, per condition
+                    rows += _scenario_rows(F, base("shield", ds, det, cond, defense=e.get("defense"), group=f"styles_per_llm:{g}"))
             for fam, F in d["families"].items():
                 rows += _scenario_rows(F, base("shield", ds, det, F.get("condition"), defense=F.get("defense"), group=fam))
     for ds, dd in (tau or {}).get("datasets", {}).items():
@@ -875,9 +1059,22 @@ def metrics_long(scores, metrics: dict, thresholds: dict, shield: dict | None = 
                 kind = {k: e[k] for k in ("polish", "level", "source")}
                 for p, x in e["by_polisher"].items():
                     rows += _entry_rows({**kind, **x}, base("apt", ds, det, cond, defense=e.get("defense"), label="human", group=p), "apt")
+                    for dm, y in x.get("by_domain", {}).items():   # APT-Eval Figs. 6/17/18: the domain is the scenario
+                        rows += _entry_rows({**kind, **y}, base("apt", ds, det, cond, defense=e.get("defense"), label="human", group=p,
+                                                                scenario=dm), "apt")
     for ds, dd in (beemo or {}).get("datasets", {}).items():
         for det, cc in dd.items():
             for task, e in cc.items(): rows += _entry_rows(e, base("beemo", ds, det, defense=e.get("defense"), group=task), "beemo", skip=("defense",))
+    for ds, dc in (beemo or {}).get("categories", {}).items():   # per category: scenario `category=<domain>`
+        for cat, dd in dc.items():
+            for det, cc in dd.items():
+                for task, e in cc.items():
+                    rows += _entry_rows(e, base("beemo", ds, det, defense=e.get("defense"), group=task, scenario=f"category={cat}"), "beemo", skip=("defense",))
+    for ds, dd in (beemo or {}).get("edit_ranges", {}).items():  # per expert edit range: scenario `expert_edit_pct=<range>`
+        for det, tt in dd.items():
+            for task, rr in tt.items():
+                for lab, e in rr.items():
+                    rows += _entry_rows(e, base("beemo", ds, det, defense=e.get("defense"), group=task, scenario=f"expert_edit_pct={lab}"), "beemo", skip=("defense",))
     for r in deployment or []:   # per-domain thresholds, threshold transfer, length strata (compute_deployment)
         e = {k: (float("nan") if k == "threshold" and v is None else v) for k, v in r["entry"].items()}
         rows += _entry_rows(e, base(r["family"], r["dataset"], r["detector"], r["condition"], defense=r["defense"],
@@ -925,12 +1122,18 @@ RESULT_FILES = {
     "thresholds.json": "dataset -> detector -> defense -> 'fpr=<alpha>' -> {threshold, fpr_target, fpr_achieved, n_human, "
                        "n_human_invalid, resolved, note}",
     "metrics_shield.json": "{meta, datasets: dataset -> detector -> {conditions: condition -> W-AUROC, Youden FPR/TPR/J; families: "
-                           "family -> SFD, mean W-AUROC, URSS over its scenarios}}",
-    "metrics_tau.json": "{meta, datasets: dataset -> detector | 'max' -> condition -> tau (+CI), risk, two-sided and cross-validated tau}",
+                           "family (attacks, llms_within_style:<style>, styles_per_llm:<llm>) -> SFD, mean AUROC and W-AUROC, URSS over its "
+                           "scenarios}}",
+    "metrics_tau.json": "{meta, datasets: dataset -> detector | 'max' (over detectors) -> condition -> tau (+CI), risk, two-sided and "
+                        "cross-validated tau; table2: the statistical Turing test's Table 2 (tau per detector x dataset x condition, "
+                        "Max over datasets, Average over detectors, Avg. gap to m0)}",
     "metrics_apt.json": "{meta, datasets: dataset -> detector -> condition -> {polish, level, source, defense, by_polisher: polisher | "
                         "'all' -> flag rates at the spec's pure-human threshold and at APT-Eval's calibration-split thresholds (max accuracy, "
-                        "5% FPR), with the FPR each reaches on the calibration humans}} (only with AI-polished human texts)",
-    "metrics_beemo.json": "{meta, datasets: dataset -> detector -> task[+defense] -> AUROC, TPR at the negatives' threshold} "
+                        "5% FPR), with the FPR each reaches on the calibration humans, and by_domain: domain -> the same flag rates (Figs. 6/17/18)}} "
+                        "(only with AI-polished human texts)",
+    "metrics_beemo.json": "{meta, datasets: dataset -> detector -> task[+defense] -> AUROC, TPR at the negatives' threshold; "
+                          "categories: dataset -> category -> detector -> task -> the same; edit_ranges: dataset -> detector -> "
+                          "expert_vs_machine[+defense] -> expert edit range -> the same; edit_pct: the expert edit percentages scored} "
                           "(only for Beemo-like datasets)",
     "quality.parquet": "one row per AI output (candidate 0) and edited human text: sim, sim_model, sim_e5, ppl_score, ppl_model, "
                        "edit_rate, chrf, valid, fail_reason",
@@ -1024,17 +1227,40 @@ def _md_tex(title: str, head: list, rows: list, notes: list) -> tuple:
 def _cond_order(c: str) -> tuple: return ("+" in c, c != "m0" and not c.startswith("m0+"), c)
 
 # %% ../nbs/30_calibration_metrics.ipynb #727cbf50
+def _pct1(v) -> str: return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}"
+
 def _shield_tables(S: dict) -> list:
-    out = []
+    out, meta = [], S["meta"]
+    dd_ = meta.get("std_ddof", 0)
+    how = (f"W-AUROC: k = 20 ln 2, ROC through ties: {meta.get('wauroc_ties', 'diagonal')}; SFD = exp(-λσ), λ = 10 ln 2, σ = "
+           f"{'population' if dd_ == 0 else 'sample'} std (ddof={dd_}) of the Youden FPRs over the family's M scenarios "
+           f"(equal maxima of J: {meta.get('youden_ties', 'min_fpr')}); URSS = mean W-AUROC × SFD. Bootstrap: {meta['n_bootstrap']} "
+           "stratified resamples.")
     for ds, dd in S["datasets"].items():
         rows = []
         for det, d in dd.items():
             for fam, F in d["families"].items():
-                rows.append([det, fam, str(F["n_scenarios"]), _f(F.get("wauroc_mean")), _f(F.get("sigma_fpr")), _f(F.get("sfd")),
-                             _f(F.get("urss")), _ci_txt(F, "urss") if "urss" in F else "–"])
-        out.append(_md_tex(f"{ds}: SHIELD scenario families", ["Detector", "Family", "M", "mean W-AUROC", "σ_FPR", "SFD", "URSS", "URSS 95% CI"], rows,
-                           [f"W-AUROC: k = 20 ln 2; SFD = exp(-λσ), λ = 10 ln 2, σ = population std of the Youden FPRs over the family's M scenarios; "
-                            f"URSS = mean W-AUROC × SFD. Bootstrap: {S['meta']['n_bootstrap']} stratified resamples."]))
+                rows.append([det, fam, str(F["n_scenarios"]), _f(F.get("auc_mean")), _f(F.get("wauroc_mean")), _f(F.get("sigma_fpr")),
+                             _f(F.get("sfd")), _f(F.get("urss")), _ci_txt(F, "urss") if "urss" in F else "–"])
+        out.append(_md_tex(f"{ds}: SHIELD scenario families", ["Detector", "Family", "M", "mean AUROC", "mean W-AUROC", "σ_FPR", "SFD",
+                                                               "URSS", "URSS 95% CI"], rows, [how]))
+        styles = sorted({f.split(":", 1)[1] for d in dd.values() for f in d["families"] if f.startswith("llms_within_style:")})
+        rows = [[s, det, str(F["n_scenarios"])] + [_pct1(F.get(m)) for m in ("auc_mean", "wauroc_mean", "sfd", "urss")]
+                for s in styles for det, d in dd.items() if (F := d["families"].get(f"llms_within_style:{s}"))]
+        if rows:
+            out.append(_md_tex(f"{ds}: detectors per writing style across all LLMs (SHIELD Fig. 2), %",
+                               ["Writing style", "Detector", "M (LLMs)", "AUC", "W-A", "SFD", "URSS"], rows,
+                               ["Original AI texts of each LLM in the style against the style's human texts; AUC and W-A: means over the "
+                                "LLMs; SFD across the LLMs. " + how]))
+        llms = sorted({g for d in dd.values() for e in d["conditions"].values() for g in e.get("styles_per_llm", {})})
+        conds = sorted({c for d in dd.values() for c, e in d["conditions"].items() if e.get("styles_per_llm")}, key=_cond_order)
+        rows = [[c, det] + [_pct1(per.get(g, {}).get(m)) for g in llms for m in ("auc_mean", "wauroc_mean", "sfd", "urss")]
+                for c in conds for det, d in dd.items() if (per := d["conditions"].get(c, {}).get("styles_per_llm"))]
+        if rows:
+            out.append(_md_tex(f"{ds}: detectors per LLM across all writing styles, per condition (SHIELD Table 2; the original texts: Fig. 5), %",
+                               ["Condition", "Detector"] + [f"{g} {m}" for g in llms for m in ("AUC", "W-A", "SFD", "URSS")], rows,
+                               ["One LLM's texts in each writing style against that style's human texts; AUC and W-A: means over the "
+                                "styles; SFD across the styles; URSS = W-A × SFD (the paper's Table 2 reports the same four, in %). " + how]))
         dets = list(dd)
         conds = sorted({c for d in dd.values() for c in d["conditions"]}, key=_cond_order)
         rows = [[c] + [_f(dd[d]["conditions"].get(c, {}).get("wauroc")) for d in dets] for c in conds]
@@ -1055,10 +1281,60 @@ def _tau_tables(T: dict) -> list:
         out.append(_md_tex(f"{ds}: τ-undetectability (π = 0.5, 0–1 loss)", ["Condition"] + dets + ["max τ", "argmax", "max τ two-sided", "max τ CV"], rows,
                            [f"τ = 1 − R(h*)/R(chance) = max_t TPR − FPR over thresholds on one detector's score (human originals vs the condition's AI texts); "
                             f"lower = less detectable. CV: {T['meta']['cv_folds']} folds grouped by source id, threshold fitted out of fold."]))
+    t2 = T.get("table2") or {}
+    if t2.get("transformations"):   # the paper's Table 2: transformations x (context, machine), Max over contexts, Average, Avg. gap
+        ctx, ms, tau = t2["contexts"], t2["machines"], t2["tau"]
+        head = ["Transformation (detector)"] + [f"{c} · {m}" for c in ctx for m in ms] + [f"Max · {m}" for m in ms]
+        rows = [[d + (" (CV)" if t2["value"].get(d) == "tau_cv" else "")] + [_f(tau[d].get(m, {}).get(c)) for c in ctx for m in ms]
+                + [_f(t2["max"][d].get(m)) for m in ms] for d in t2["transformations"]]
+        rows.append(["Average"] + [_f(t2["average"].get(m, {}).get(c)) for c in ctx for m in ms] + [_f(t2["average_max"].get(m)) for m in ms])
+        gap = lambda m, c: "ref" if t2["reference"].get(m) == m else _f(t2["avg_gap"].get(m, {}).get(c))
+        rows.append(["Avg. gap"] + [gap(m, c) for c in ctx for m in ms] + [gap(m, "max") for m in ms])
+        out.append(_md_tex("τ-undetectability laid out like Table 2 of the statistical Turing test", head, rows,
+                           ["Transformation = detector, context = dataset, machine = AI condition. Max: the maximum over the contexts "
+                            "per transformation (the union of the contexts); Average: the mean over transformations (under Max, of "
+                            "the maxima); Avg. gap: the reference machine's Average (m0, same defense) minus this machine's. "
+                            "(CV): a supervised detector's cross-validated τ (the paper's footnote 1)."]))
     return out
 
 # %% ../nbs/30_calibration_metrics.ipynb #6b43ccbb
 _APT_RULES = (("_acc", "APT-Eval: max accuracy"), ("_fpr5", "APT-Eval: 5% FPR (App. B)"), ("1", "spec: 1% FPR"))
+
+def _apt_level_label(e: dict) -> str:
+    return "unedited" if e["polish"] == "none" else f"{e['level']}%" if e["polish"] == "percent" else str(e["level"])
+
+def _apt_domain_tables(ds: str, dd: dict) -> list:
+    "APT-Eval Figs. 6/17/18 as tables: flag rate per domain (rows) and polish level (columns), per detector and per polisher."
+    conds = {}
+    for d in dd.values():
+        for c, e in d.items(): conds.setdefault(c, e)
+    doms = sorted({m for d in dd.values() for e in d.values() for x in e["by_polisher"].values() for m in x.get("by_domain", {})})
+    if not doms: return []
+    rk = "_acc" if any("threshold_acc" in e["by_polisher"].get("all", {}) for d in dd.values() for e in d.values()) else "1"
+    order = sorted(conds, key=lambda c: (conds[c]["polish"] != "none", conds[c]["polish"], _num_level(conds[c]["level"]), c))
+    labels = [_apt_level_label(conds[c]) for c in order]
+    labels = [l if labels.count(l) == 1 else f"{l} ({conds[c]['source']})" for l, c in zip(labels, order)]
+    kinds = [k for k in ("degree", "percent") if any(conds[c]["polish"] == k for c in order)]
+    rate = lambda det, c, p, m: dd[det].get(c, {}).get("by_polisher", {}).get(p, {}).get("by_domain", {}).get(m, {}).get(f"flag_rate{rk}")
+    def row(vals):   # the levels, then each kind's mean over its levels (the paper's "Average")
+        avg = [np.mean(v) if (v := [x for x, c in zip(vals, order) if conds[c]["polish"] == k and x is not None]) else None for k in kinds]
+        return [_f(x) for x in vals + avg]
+    mean = lambda xs: float(np.mean(xs)) if (xs := [x for x in xs if x is not None]) else None
+    head = labels + [f"avg ({k})" for k in kinds]
+    rname = dict(_APT_RULES)[rk]
+    rows = [[det, m] + row([rate(det, c, "all", m) for c in order]) for det in dd for m in doms]
+    rows += [["mean over detectors", m] + row([mean([rate(det, c, "all", m) for det in dd]) for c in order]) for m in doms]
+    note = (f"Share of the domain's valid texts at or above the detector's threshold ({rname}; one threshold per detector, as the "
+            "paper's). `unedited`: the domain's unedited human texts (its false-positive rate). avg: the mean over the kind's "
+            "levels, as the paper's Average panels. Every rule's rate, with its interval, is in metrics_apt.json (`by_domain`).")
+    out = [_md_tex(f"{ds}: flag rate per domain and polish level, all polishers (APT-Eval Fig. 17; Fig. 6: the mean over detectors)",
+                   ["Detector", "Domain"] + head, rows, [note])]
+    pols = sorted({p for d in dd.values() for e in d.values() for p, x in e["by_polisher"].items() if p != "all" and x.get("by_domain")})
+    if len(pols) > 1:
+        rows = [[p, m] + row([mean([rate(det, c, p, m) for det in dd]) for c in order]) for p in pols for m in doms]
+        out.append(_md_tex(f"{ds}: flag rate per domain, polisher and polish level, mean over detectors (APT-Eval Fig. 18)",
+                           ["Polisher", "Domain"] + head, rows, [note]))
+    return out
 
 def _apt_tables(A: dict) -> list:
     out = []
@@ -1077,7 +1353,7 @@ def _apt_tables(A: dict) -> list:
                             "Polished texts are labelled human and never calibrated on. APT-Eval's own protocol: the tables below."]))
         cal = [(det, c, e["by_polisher"].get("all", {})) for det, d in dd.items() for c, e in d.items() if e["polish"] == "none"]
         cal = [(det, c, x) for det, c, x in cal if "threshold_acc" in x]
-        if not cal: continue
+        if not cal: out += _apt_domain_tables(ds, dd); continue
         rows = [[det, c, name, _f(x.get(f"threshold{k}"), 4), _f(x.get(f"accuracy{k}"), 4) if k != "1" else "–",
                  _f(x.get(f"fpr_calib{k}" if k != "1" else "fpr1_calib"), 4)]
                 for det, c, x in cal for k, name in _APT_RULES]
@@ -1098,6 +1374,7 @@ def _apt_tables(A: dict) -> list:
                             "flag rate (5% FPR)", "FPR cal. (5% FPR)", "flag rate (spec 1% FPR)", "FPR cal. (spec 1% FPR)"], rows,
                            ["Each flag rate beside the FPR its threshold reaches on the calibration humans. Thresholds refitted on every "
                             f"bootstrap resample of the calibration texts ({A['meta']['n_bootstrap']} resamples)."]))
+        out += _apt_domain_tables(ds, dd)
     return out
 
 # %% ../nbs/30_calibration_metrics.ipynb #b5c4e787
@@ -1106,6 +1383,19 @@ def _num_level(x) -> float:
     except (TypeError, ValueError): return {"extreme_minor": 0, "minor": 1, "slight_major": 2, "major": 3}.get(str(x), 9)
 
 # %% ../nbs/30_calibration_metrics.ipynb #30aaa6d6
+_BEEMO_PAPER = (("human_vs_machine", "H vs. M"), ("expert_vs_machine", "E vs. M"), ("human_vs_expert", "H vs. E"),
+                ("llm:llama-3.1-70b_vs_machine", "L vs. M"), ("human_vs_llm:llama-3.1-70b", "H vs. L"),
+                ("llm:gpt-4o_vs_machine", "G vs. M"), ("human_vs_llm:gpt-4o", "H vs. G"))   # the columns of Tables 4 and 14-18
+
+def _beemo_paper_cols(tasks) -> list:
+    "(task, column) of the paper's tables present in `tasks`; the pooled LLM tasks stand in when no per-editor task is there."
+    cols = [(t, n) for t, n in _BEEMO_PAPER if t in tasks]
+    if not any(t.startswith(("llm:", "human_vs_llm:")) for t, _ in cols):
+        cols += [(t, n) for t, n in (("llm_vs_machine", "LLM vs. M"), ("human_vs_llm", "H vs. LLM")) if t in tasks]
+    return cols
+
+def _pct(v) -> str: return _f(None if v is None else 100 * v, 2)
+
 def _beemo_tables(Bm: dict) -> list:
     out = []
     for ds, dd in Bm["datasets"].items():
@@ -1114,6 +1404,33 @@ def _beemo_tables(Bm: dict) -> list:
         rows = [[t] + [f"{_f(dd[d].get(t, {}).get('auc'))} / {_f(dd[d].get(t, {}).get('tpr1'))}" for d in dets] for t in tasks]
         out.append(_md_tex(f"{ds}: Beemo task formulations (AUROC / TPR@1%FPR)", ["Task (negatives_vs_positives)"] + dets, rows,
                            ["Threshold calibrated at 1% FPR on the negative class of each task."]))
+        note = ("AUROC (%) as in the paper; H = human-written, M = machine-generated, E = expert-edited, L = Llama3.1-70B-Instruct-"
+                "edited, G = GPT-4o-edited (L and G over the three prompts); the first of each pair is the negative class.")
+        cols = _beemo_paper_cols(tasks)
+        if cols:
+            out.append(_md_tex(f"{ds}: Beemo, all categories (Table 4 layout)", ["Detector"] + [n for _, n in cols],
+                               [[d] + [_pct(dd[d].get(t, {}).get("auc")) for t, _ in cols] for d in dets], [note]))
+        for cat, cd in sorted(Bm.get("categories", {}).get(ds, {}).items(), key=lambda kv: _category_order(kv[0])):
+            ct = {t for d in cd.values() for t in d}
+            cols = _beemo_paper_cols(ct)
+            if not cols: continue
+            name = next((e["category"] for d in cd.values() for e in d.values()), cat)
+            out.append(_md_tex(f"{ds}: Beemo, {name} category (Tables 14–18 layout)", ["Detector"] + [n for _, n in cols],
+                               [[d] + [_pct(cd[d].get(t, {}).get("auc")) for t, _ in cols] for d in cd],
+                               [note + " n per class: " + ", ".join(f"{n} {cd[next(iter(cd))].get(t, {}).get('n_neg', 0)}/"
+                                                                    f"{cd[next(iter(cd))].get(t, {}).get('n_pos', 0)}" for t, n in cols) + "."]))
+        er = Bm.get("edit_ranges", {}).get(ds, {})
+        if er:
+            labs = edit_range_labels(Bm["meta"].get("edit_bins") or BEEMO_EDIT_BINS)
+            first = lambda lab: next((r[lab] for d in er.values() for r in d.values() if lab in r), {})
+            dist = Bm.get("edit_pct", {}).get(ds, {})
+            out.append(_md_tex(f"{ds}: Beemo E vs. M by expert edit percentage (Fig. 4)",
+                               ["Detector"] + [f"{lab} (n {first(lab).get('n_neg', 0)}/{first(lab).get('n_pos', 0)})" for lab in labs],
+                               [[d] + [_pct(er[d].get("expert_vs_machine", {}).get(lab, {}).get("auc")) for lab in labs] for d in er],
+                               ["AUROC (%) of expert-edited (negatives) vs machine-generated (positives) texts of the rows whose expert "
+                                "edit percentage falls in the range; n = expert / machine texts. Edit percentage: "
+                                f"{Bm['meta'].get('edit_measure', '')}."
+                                + (f" Expert edits scored: {dist['n']}, mean {dist['mean']:.1f}%, median {dist['median']:.1f}%." if dist else "")]))
     return out
 
 # %% ../nbs/30_calibration_metrics.ipynb #da3e6b30

@@ -22,8 +22,9 @@ __all__ = ['PERTURB_VERSION', 'PERTURBATION_DEFAULTS', 'MASK', 'T5_KNOB_DEFAULTS
            'PROXIHUMAN', 'DETECTGPT_LMINFILL', 'DETECTGPT_D_LMINFILL', 'NPR_LMINFILL', 'PROXIHUMAN_LMINFILL',
            'perturbation_params', 'perturbation_scorer', 'mask_spans', 'apply_fills', 'masked_words', 't5_masked_text',
            'extract_t5_fills', 'load_t5', 't5_fill_length', 'iter_t5_fill', 't5_fill', 'iter_lm_infill', 'lm_infill',
-           'filler_identity', 't5_knobs', 'perturb_texts', 'perturbation_scores', 'proxihuman_distance',
-           'proxihuman_scores', 'PerturbationDetector', 'make_tiny_t5']
+           'masking', 'filler_identity', 't5_knobs', 'perturb_texts', 'perturbation_scores', 'proxihuman_distance',
+           'proxihuman_embedder', 'embedding_identity', 'load_proxihuman_embedder', 'proxihuman_scores',
+           'PerturbationDetector', 'make_tiny_t5']
 
 # %% ../nbs/21_perturbation.ipynb #790ffa7a
 PERTURB_VERSION = "perturb-v5"   # bump whenever masking or filling changes: part of every perturbation cache key
@@ -312,12 +313,21 @@ def lm_infill(lm, jobs: list, seeds: list, span_length: int = 2, top_p: float = 
     return out
 
 # %% ../nbs/21_perturbation.ipynb #450bdb74
-def _filler(mode: str, p: dict) -> str: return p["t5_model"] if mode == "t5" else p["infill_model"]
+def _filler(mode: str, p: dict, stat: str = "") -> str:
+    "The span filler: the causal LM (`lminfill`), ProxiHuman's own T5 (`proxihuman_t5_model`, else `t5_model`), or `t5_model`."
+    if mode != "t5": return p["infill_model"]
+    return (p["proxihuman_t5_model"] if stat == "proxihuman" else None) or p["t5_model"]
 
-def filler_identity(mode: str, cfg: dict) -> str:
+def masking(p: dict, stat: str = "") -> dict:
+    "The mask rule of a statistic: ProxiHuman's own (a share of single words, no buffer: its paper's §4.1) or DetectGPT's."
+    if stat == "proxihuman":
+        return {"span_length": int(p["proxihuman_span_length"]), "pct_words_masked": float(p["proxihuman_pct_masked"]), "buffer_size": 0}
+    return {k: p[k] for k in ("span_length", "pct_words_masked", "buffer_size")}
+
+def filler_identity(mode: str, cfg: dict, stat: str = "") -> str:
     "Identity of the span filler for cache keys, loading nothing (local files' hashes, or the hub's commit metadata)."
     from stealth_eval.models import _local_identity, hub_identity, lm_identity, lm_kwargs
-    spec = _filler(mode, perturbation_params(cfg))
+    spec = _filler(mode, perturbation_params(cfg), stat)
     if mode == "lminfill": return lm_identity(spec, **lm_kwargs(cfg))
     q = Path(spec).expanduser()
     return f"{q.name}@local:{_local_identity(q)}" if q.is_dir() else hub_identity(spec)
@@ -342,22 +352,23 @@ def t5_knobs(p: dict) -> dict:
     return {k: type(v)(p.get(k, v)) for k, v in T5_KNOB_DEFAULTS.items()}
 
 # %% ../nbs/21_perturbation.ipynb #aff12db8
-def perturb_texts(texts: list, mode: str, cfg: dict, cache: Cache) -> dict:
+def perturb_texts(texts: list, mode: str, cfg: dict, cache: Cache,
+                  stat: str = "") -> dict:   # "proxihuman": ProxiHuman's own masks and T5 (`masking`, `_filler`)
     "sha256(text) -> {'source': text as perturbed, 'truncated': bool, 'perturbed': [str or None] * n_perturbations}."
     from stealth_eval.models import load_causal_lm, lm_kwargs, row_seed
     if mode not in ("t5", "lminfill"): raise ValueError(f"unknown filler {mode!r}: 't5' or 'lminfill'")
     p = perturbation_params(cfg)
-    n, ident, kn = int(p["n_perturbations"]), filler_identity(mode, cfg), t5_knobs(p)
-    keep = ("span_length", "pct_words_masked", "buffer_size", "mask_top_p") + (
+    n, ident, kn, m = int(p["n_perturbations"]), filler_identity(mode, cfg, stat), t5_knobs(p), masking(p, stat)
+    keep = ("mask_top_p",) + (
         ("t5_max_length", "t5_max_input_tokens", "max_attempts") if mode == "t5" else ("fill_max_tokens", "infill_proposals", "infill_lookahead"))
-    settings = {k: p[k] for k in keep} | ({k: kn[k] for k in ("t5_tokens_per_span", "t5_dtype")} if mode == "t5" else {})
+    settings = m | {k: p[k] for k in keep} | ({k: kn[k] for k in ("t5_tokens_per_span", "t5_dtype")} if mode == "t5" else {})
     uniq = {sha256_text(t): t for t in texts}
     keys = {(h, i): cache.key("perturbation", filler=mode, model=ident, text=h, i=i, seed=cfg["seed"], version=PERTURB_VERSION,
                               **settings) for h in uniq for i in range(n)}
     seed, max_attempts = cfg["seed"], int(p.get("max_attempts", 1))
     def compute(todo):   # (text, i) pairs; yields (positions, values) of each fill batch's finished pairs as it ends
         if mode == "t5":
-            filler = load_t5(p["t5_model"], cfg["device"], kn["t5_dtype"]); tok, window = filler[1], int(p["t5_max_input_tokens"])
+            filler = load_t5(_filler(mode, p, stat), cfg["device"], kn["t5_dtype"]); tok, window = filler[1], int(p["t5_max_input_tokens"])
             fill = lambda jobs, seeds: iter_t5_fill(
                 filler, jobs, seeds, p["mask_top_p"], [t5_fill_length(sum(t is MASK for t in j), p["t5_max_length"], kn["t5_tokens_per_span"]) for j in jobs],
                 kn["fill_batch_tokens"], int(cfg.get("score_bucket_tokens", 64)), int(p["batch_size"]))
@@ -365,7 +376,7 @@ def perturb_texts(texts: list, mode: str, cfg: dict, cache: Cache) -> dict:
             filler = load_causal_lm(p["infill_model"], **lm_kwargs(cfg))
             tok, window = filler.tokenizer, filler.max_length // 2        # half the context: room for the fills
             fill = lambda jobs, seeds: iter_lm_infill(
-                filler, jobs, seeds, int(p["span_length"]), p["mask_top_p"], int(p["fill_max_tokens"]), int(p["batch_size"]),
+                filler, jobs, seeds, int(m["span_length"]), p["mask_top_p"], int(p["fill_max_tokens"]), int(p["batch_size"]),
                 desc=f"perturbing ({p['infill_model']} infill)", proposals=int(p["infill_proposals"]), lookahead=int(p["infill_lookahead"]))
         src = {h: _fit_words(uniq[h], tok, window) for h in sorted({h for h, _ in todo})}
         n_words = {h: len(s.split(" ")) for h, (s, _) in src.items()}
@@ -374,7 +385,7 @@ def perturb_texts(texts: list, mode: str, cfg: dict, cache: Cache) -> dict:
         while pending:
             jobs, ids, short = [], [], []
             for (h, i), a in sorted(pending.items()):
-                toks = mask_spans(src[h][0], p["span_length"], p["pct_words_masked"], p["buffer_size"],
+                toks = mask_spans(src[h][0], m["span_length"], m["pct_words_masked"], m["buffer_size"],
                                   row_seed(seed, h, "perturb-mask", i, a))
                 if toks is None: short.append((h, i))   # too short for one span: no perturbation can exist
                 else: jobs.append(toks); ids.append((h, i))
@@ -431,15 +442,57 @@ def proxihuman_distance(e_x, e_p, k: int) -> float:
     k = min(int(k), len(d))
     return float(np.sort(d)[:k].mean())
 
+# %% ../nbs/21_perturbation.ipynb #56bd9fe4
+def proxihuman_embedder(cfg: dict) -> str:
+    "ProxiHuman's embedder: `perturbation.proxihuman_embedder` (the paper's MPNet in the paper profile), else the run's."
+    return perturbation_params(cfg)["proxihuman_embedder"] or cfg["embedder"]
+
+def _sentence_transformer(spec: str) -> bool:
+    "A sentence-transformers model (a folder with `modules.json`, or a `sentence-transformers/` hub id), not the MiniLM alias."
+    p = Path(spec).expanduser()
+    return (p / "modules.json").is_file() if p.is_dir() else spec.startswith("sentence-transformers/")
+
+def embedding_identity(spec: str, device: str = "auto") -> str:
+    "The embedder's identity for ProxiHuman's cache keys and `scores.parquet` (loading nothing)."
+    from stealth_eval.models import embedder_identity
+    return embedder_identity(spec, device) + ("/st-mean-pool" if _sentence_transformer(spec) else "")
+
+# %% ../nbs/21_perturbation.ipynb #238db49e
+@lru_cache(maxsize=2)
+def _load_st_embedder(spec: str, device: str, budget: int, granule: int):
+    from sentence_transformers import SentenceTransformer
+    from stealth_eval.models import LOADS, Embedder, _mean_pool_encoder, offline_mode
+    LOADS["embedder", spec, device, "float32"] += 1
+    try:
+        st = SentenceTransformer(spec, device=device, local_files_only=offline_mode())
+    except (OSError, ValueError) as e:
+        raise ComponentUnavailable(f"could not load ProxiHuman's embedder {spec!r} ({str(e).splitlines()[0]})") from e
+    pool = st[1] if len(st) > 1 else None
+    mode = getattr(pool, "pooling_mode", None) or (pool.get_pooling_mode_str() if hasattr(pool, "get_pooling_mode_str") else "none")
+    mode = "+".join(mode) if isinstance(mode, (list, tuple)) else str(mode)
+    if mode != "mean":
+        raise StealthEvalError(f"embedder {spec!r}: pools by {mode!r}; ProxiHuman reads mean-pooled sentence-transformers models")
+    enc = _mean_pool_encoder(st[0].auto_model.eval(), st.tokenizer, device, "", st.max_seq_length, budget, granule)
+    return Embedder(spec, embedding_identity(spec, device), enc)
+
+def load_proxihuman_embedder(spec: str, cfg: dict):
+    """A sentence-transformers model (MPNet) as its authors encode: no prefix, its own `max_seq_length`, mean of the
+    last hidden states, L2-normalised; anything else through `models.load_embedder` (MiniLM alias, E5)."""
+    from stealth_eval.models import _embed_budget, load_embedder, resolve_device
+    bt, gr = cfg.get("embed_batch_tokens", "auto"), int(cfg.get("embed_bucket_tokens", 32))
+    if not _sentence_transformer(spec): return load_embedder(spec, device=cfg["device"], batch_tokens=bt, bucket_tokens=gr)
+    device = resolve_device(cfg["device"])
+    return _load_st_embedder(spec, device, _embed_budget(device, bt), gr)
+
 # %% ../nbs/21_perturbation.ipynb #4a4a4475
 def proxihuman_scores(texts: list, mode: str, cfg: dict, cache: Cache) -> dict:
     "sha256(text) -> {'proxihuman', 'n_perturbed', 'n_tokens_input', 'truncated'} (or None)."
     from stealth_eval.detectors import score_texts
-    from stealth_eval.models import embedder_identity, load_embedder
     p = perturbation_params(cfg)
-    P = perturb_texts(texts, mode, cfg, cache)
+    P = perturb_texts(texts, mode, cfg, cache, "proxihuman")
     S = score_texts([v["source"] for v in P.values()], cfg["scoring_model"], cfg, cache)   # the row's token count
-    ident = embedder_identity(cfg["embedder"], cfg["device"])
+    spec = proxihuman_embedder(cfg)
+    ident = embedding_identity(spec, cfg["device"])
     out, miss = {}, []
     for h, v in P.items():
         pt = [t for t in v["perturbed"] if t is not None]
@@ -452,8 +505,7 @@ def proxihuman_scores(texts: list, mode: str, cfg: dict, cache: Cache) -> dict:
         if d is None: miss.append((h, k, [v["source"]] + pt, base))
         else: out[h] = {"proxihuman": d, **base}
     if miss:
-        emb = load_embedder(cfg["embedder"], device=cfg["device"], batch_tokens=cfg.get("embed_batch_tokens", "auto"),
-                            bucket_tokens=cfg.get("embed_bucket_tokens", 32))
+        emb = load_proxihuman_embedder(spec, cfg)
         for h, k, group, base in progress(miss, desc="proxihuman: embedding"):
             E = emb.encode(group)
             out[h] = {"proxihuman": cache.put(k, proxihuman_distance(E[0], E[1:], p["proxihuman_k"])), **base}
@@ -468,12 +520,12 @@ class PerturbationDetector(Detector):
 
     def unavailable(self, cfg: dict) -> str:
         from stealth_eval.models import available_offline, offline_mode
-        spec = _filler(self.filler, perturbation_params(cfg))
+        spec = _filler(self.filler, perturbation_params(cfg), self.stat)
         if offline_mode() and not available_offline(spec):
             return (f"offline, and the span filler {spec!r} is neither local nor cached"
                     + (" (no T5 installs offline: the *_lminfill variants fill the spans with a causal LM)" if self.filler == "t5" else ""))
-        if self.stat == "proxihuman" and offline_mode() and not available_offline(cfg["embedder"]):
-            return f"offline, and the embedder {cfg['embedder']!r} is neither local nor cached"
+        if self.stat == "proxihuman" and offline_mode() and not available_offline(proxihuman_embedder(cfg)):
+            return f"offline, and the embedder {proxihuman_embedder(cfg)!r} is neither local nor cached"
         if self.stat != "proxihuman" and offline_mode() and not available_offline(perturbation_scorer(cfg)):
             return f"offline, and the scoring LM {perturbation_scorer(cfg)!r} is neither local nor cached"
         return ""
@@ -481,13 +533,13 @@ class PerturbationDetector(Detector):
     def _settings(self, cfg: dict) -> str: return stable_hash(perturbation_params(cfg))[:16]
     def source(self, cfg: dict) -> tuple:
         p = perturbation_params(cfg)
-        if self.stat == "proxihuman": return ("perturb_embed", self.filler, _filler(self.filler, p), cfg["embedder"], self._settings(cfg))
+        if self.stat == "proxihuman":
+            return ("perturb_embed", self.filler, _filler(self.filler, p, self.stat), proxihuman_embedder(cfg), self._settings(cfg))
         return ("perturb_lm", self.filler, _filler(self.filler, p), perturbation_scorer(cfg), self._settings(cfg))
     def model(self, cfg: dict) -> str:
         from stealth_eval.detectors import _identity_of
-        from stealth_eval.models import embedder_identity
-        scorer = embedder_identity(cfg["embedder"], cfg["device"]) if self.stat == "proxihuman" else _identity_of(perturbation_scorer(cfg), cfg)
-        return f"{scorer} | fill: {filler_identity(self.filler, cfg)}"
+        scorer = embedding_identity(proxihuman_embedder(cfg), cfg["device"]) if self.stat == "proxihuman" else _identity_of(perturbation_scorer(cfg), cfg)
+        return f"{scorer} | fill: {filler_identity(self.filler, cfg, self.stat)}"
     def compute(self, texts: list, cfg: dict, cache) -> dict:
         fn = proxihuman_scores if self.stat == "proxihuman" else perturbation_scores
         return fn(texts, self.filler, cfg, cache)

@@ -67,12 +67,15 @@ REAL_CONFIGS = {
         "id2label": {"0": "Fake", "1": "Real"}, "label2id": {"Fake": 0, "Real": 1}, "initializer_range": 0.02,
         "intermediate_size": 4096, "layer_norm_eps": 1e-05, "max_position_embeddings": 514, "num_attention_heads": 16,
         "num_hidden_layers": 24, "pad_token_id": 1, "type_vocab_size": 1, "vocab_size": 50265},
-    # huggingface.co/FacebookAI/roberta-base/blob/main/config.json (SHIELD's masked LM, `shield_mlm`)
-    "roberta-base": {"model_type": "roberta", "architectures": ["RobertaForMaskedLM"], "attention_probs_dropout_prob": 0.1,
-                     "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
-                     "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-05,
-                     "max_position_embeddings": 514, "num_attention_heads": 12, "num_hidden_layers": 12,
-                     "pad_token_id": 1, "type_vocab_size": 1, "vocab_size": 50265},
+    # huggingface.co/allenai/longformer-base-4096/blob/main/config.json (SHIELD's masked LM, `shield_mlm`, App. B):
+    # RoBERTa-base widths, 4098 positions, sliding windows of 512 in each of its 12 layers (the hub lists [512] * 12;
+    # one int is the same window at every depth, so the shallow shapes keep it)
+    "longformer-base-4096": {"model_type": "longformer", "architectures": ["LongformerForMaskedLM"],
+                     "attention_probs_dropout_prob": 0.1, "attention_window": 512, "bos_token_id": 0,
+                     "eos_token_id": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 768,
+                     "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-05,
+                     "max_position_embeddings": 4098, "num_attention_heads": 12, "num_hidden_layers": 12,
+                     "pad_token_id": 1, "sep_token_id": 2, "type_vocab_size": 1, "vocab_size": 50265},
     # huggingface.co/intfloat/e5-base-v2/blob/main/config.json
     "e5-base-v2": {"model_type": "bert", "architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1,
                    "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 768, "initializer_range": 0.02,
@@ -86,9 +89,10 @@ STANDS_FOR = {  # rehearsal model -> the hub id it replaces (in any profile valu
     "qwen3-4b-instruct-2507": "Qwen/Qwen3-4B-Instruct-2507",
     "authormist-originality-rehearsal-standin": "authormist/authormist-originality",
     "t5-large": "t5-large", "roberta-large-openai-detector": "openai-community/roberta-large-openai-detector",
-    "roberta-base": "roberta-base", "e5-base-v2": "intfloat/e5-base-v2",
+    "longformer-base-4096": "allenai/longformer-base-4096", "e5-base-v2": "intfloat/e5-base-v2",
 }
-TOKENIZER_KIND = {"falcon": "causal", "qwen3": "chat", "qwen2": "chat", "t5": "t5", "roberta": "roberta", "bert": "bert"}
+TOKENIZER_KIND = {"falcon": "causal", "qwen3": "chat", "qwen2": "chat", "t5": "t5", "roberta": "roberta", "bert": "bert",
+                  "longformer": "roberta"}
 
 # %% ../nbs/06_rehearsal.ipynb #4db1eeb0
 _REDUCED = {
@@ -100,6 +104,7 @@ _REDUCED = {
     "t5": {"d_model": 64, "d_ff": 128, "d_kv": 16, "num_heads": 4, "num_layers": 2, "num_decoder_layers": 2},
     "roberta": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2},
     "bert": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2},
+    "longformer": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2},
 }
 
 def real_config(name: str) -> dict:
@@ -111,6 +116,7 @@ def real_config(name: str) -> dict:
 _LAYERS = {   # scale 'layers': the real configuration with only these depths changed
     "falcon": {"num_hidden_layers": 1}, "qwen3": {"num_hidden_layers": 1}, "qwen2": {"num_hidden_layers": 1},
     "t5": {"num_layers": 2, "num_decoder_layers": 2}, "roberta": {"num_hidden_layers": 2}, "bert": {"num_hidden_layers": 2},
+    "longformer": {"num_hidden_layers": 2},
 }
 SCALES = ("full", "layers", "reduced")
 
@@ -224,7 +230,7 @@ def build_rehearsal_model(name: str, folder, scale: str = "full", seed: int = 0,
     tkind = TOKENIZER_KIND[kind]
     vocab = real_config(name)["vocab_size"]
     n_pos = real_config(name).get("max_position_embeddings") or real_config(name).get("n_positions") or 2048
-    tok = make_word_tokenizer(tkind, vocab, min(int(n_pos) - (2 if kind == "roberta" else 0), 1 << 20))
+    tok = make_word_tokenizer(tkind, vocab, min(int(n_pos) - (2 if kind in ("roberta", "longformer") else 0), 1 << 20))
     cfg = model_config(name, scale, _token_ids(tkind, tok))
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
@@ -609,7 +615,14 @@ def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
     if "binoculars" in dets:
         add("20_detectors", "binoculars observer", _name_of(cfg["binoculars_observer"]), "prefill", texts, W)
         add("20_detectors", "binoculars performer", _name_of(cfg["binoculars_performer"]), "prefill", texts, W)
-    if dets & {"detectgpt", "npr", "proxihuman"}:
+    if "proxihuman" in dets:   # its own masks (10% of the words, single-word spans) and its own T5: fills of its own
+        ph = _name_of(pt.get("proxihuman_t5_model") or pt["t5_model"])
+        sl, pc = pt.get("proxihuman_span_length", 1), pt.get("proxihuman_pct_masked", 0.1)
+        n_p, fill = texts * pt["n_perturbations"], min(pt["t5_max_length"], math.ceil((sl + 1) * pc * T / sl) + 1)
+        add("20_detectors", "ProxiHuman T5 fills: encoder", ph, "prefill_encoder", n_p, min(T, pt["t5_max_input_tokens"]))
+        add("20_detectors", "ProxiHuman T5 fills: decoder", ph, "decode_decoder", n_p, min(T, pt["t5_max_input_tokens"]), fill, pt["batch_size"])
+        add("20_detectors", "ProxiHuman embeddings", _name_of(pt.get("proxihuman_embedder") or cfg["embedder"]), "prefill", n_p + texts, W)
+    if dets & {"detectgpt", "npr"}:
         n_p, fill = texts * pt["n_perturbations"], min(pt["t5_max_length"], math.ceil((pt["span_length"] + 1) * pt["pct_words_masked"] * T / (pt["span_length"] + 2 * pt["buffer_size"])) + 1)
         add("20_detectors", "T5 fills: encoder", t5, "prefill_encoder", n_p, min(T, pt["t5_max_input_tokens"]))
         add("20_detectors", "T5 fills: decoder", t5, "decode_decoder", n_p, min(T, pt["t5_max_input_tokens"]), fill, pt["batch_size"])

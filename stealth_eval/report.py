@@ -107,7 +107,12 @@ FIGURE_CAPTIONS = {
     "fig_sanitize": "Homoglyph attack before (solid) and after (dashed) sanitize(), TPR@1%FPR per detector vs substitution rate (spec §9).",
     "fig_fpr_transfer": "Realised FPR when a threshold travels: calibrated for 1% FPR on the row dataset's human texts, applied to the column dataset's; the diagonal is in distribution (cells: value and 95% bootstrap interval).",
 }
-FIGURE_ORDER = ["fig_heatmap_t1f", "fig_tradeoff", "fig_budget_sweep", "fig_roc", "fig_shield", "fig_sanitize", "fig_fpr_transfer"]
+FIGURE_CAPTIONS.update({
+    "fig_apt_domains": "APT-Eval Fig. 17: share of AI-polished human texts flagged per domain (rows) and polish level (columns), per detector and their mean, at APT-Eval's accuracy-maximising threshold fitted on its calibration split.",
+    "fig_beemo_edits": "Beemo Fig. 4: AUROC of expert-edited vs machine texts per range of the expert's edit percentage (difflib), one line per detector, with 95% bootstrap intervals; n under each range.",
+})
+FIGURE_ORDER = ["fig_heatmap_t1f", "fig_tradeoff", "fig_budget_sweep", "fig_roc", "fig_shield", "fig_sanitize", "fig_fpr_transfer",
+                "fig_apt_domains", "fig_beemo_edits"]
 
 def figure_caption(name: str) -> str:
     stem = Path(name).stem

@@ -246,7 +246,7 @@ def test_proxihuman_matches_direct_computation(models, tmp_path):
     cfg, cache = _cfg(models, proxihuman_k=2), Cache(tmp_path / "store")
     src = TEXTS[1] + " and the police said the fire was under control"
     got = pt.PROXIHUMAN_LMINFILL.compute([src], cfg, cache)[sha256_text(src)]
-    pert = [t for t in pt.perturb_texts([src], "lminfill", cfg, cache)[sha256_text(src)]["perturbed"] if t]
+    pert = [t for t in pt.perturb_texts([src], "lminfill", cfg, cache, "proxihuman")[sha256_text(src)]["perturbed"] if t]   # its own masks
     E = load_embedder("all-minilm-l6-v2", device="cpu").encode([src] + pert).astype(np.float64)
     d = sorted(1 - float(np.dot(E[0], e)) / (np.linalg.norm(E[0]) * np.linalg.norm(e)) for e in E[1:])
     assert abs(got["proxihuman"] - (d[0] + d[1]) / 2) <= 1e-5            # float32 embeddings

@@ -220,14 +220,13 @@ def test_real_smollm2_infill_proposes_training_words():
         cfg = {"seed": 0, "out_dir": d, "device": "cpu", "shield_mlm": None, "shield_infill_lm": "smollm2-135m-instruct",
                "shield": {"random_p": [0.2], "swap_p": [], "rounds": []}}
         out = method_shield([item], cfg, Cache(enabled=False))[0][0]
-        vocab = set(document_frequencies([{"label": "ai" if i % 2 else "human", "text": x} for i, x in enumerate(docs[5:45])])["df"])
     f = out["candidates"][0]["facts"]
     n_s = len(content_spans(docs[0]))
     assert f["n_masked"] == math.floor(0.2 * n_s) and f["words_changed"] >= 0.8 * f["n_masked"]
     src, new = word_spans(docs[0]), word_spans(out["candidates"][0]["text"])
     changed = [(a[2], b[2]) for a, b in zip(src, new) if a[2] != b[2]]
     assert len(new) == len(src) and changed
-    assert all(b.lower() in vocab and is_content_word(b) for _, b in changed)
+    assert all(is_content_word(b) for _, b in changed)   # candidates from the masked LM alone (SHIELD §3.2.1): any content word
 
 
 # ---------------------------------------------------------------- polishing
