@@ -39,6 +39,7 @@ class Detector(ABC):
     supervised: bool = False     # trained on labelled data (SHIELD and tau report these apart)
     needs_train_split: bool = False   # fitted on the run's training split (the data stage writes one)
     none_reason: str = "fewer than 2 tokens to score"
+    stands_in_for: str = ""      # the paper's detector it replaces where that one cannot run here ('' = none); it keeps its own name
 
     def __post_init__(self):
         if self.direction not in (1, -1): raise ValueError(f"detector {self.name!r}: direction must be +1 or -1, got {self.direction!r}")

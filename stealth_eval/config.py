@@ -48,7 +48,10 @@ PROFILE_CHANGES = {
         "binoculars_observer": "tiiuae/falcon-7b", "binoculars_performer": "tiiuae/falcon-7b-instruct",
         "detectors": ["roberta_openai", "log_likelihood", "log_rank", "rank", "entropy", "lrr", "fast_detectgpt",
                       "detectgpt", "npr", "proxihuman", "binoculars",
-                      "radar"],   # held out from every attack: trained against a paraphraser (issue #27; classifiers.radar)
+                      "radar",    # held out from every attack: trained against a paraphraser (issue #27; classifiers.radar)
+                      # the training-free baselines 2025 papers report (Lastde/Lastde++ on the scoring LM, DNA-DetectLLM on the
+                      # Binoculars pair) and the spec's optional Ghostbuster, its API LMs replaced by local ones (§4.2)
+                      "lastde", "lastde_pp", "dna_detectllm", "ghostbuster_local"],
         "quality_lm": "tiiuae/falcon-7b",
         "embedder": "intfloat/e5-base-v2",
         "data": {"n_per_class": 150, "min_tokens": 100, "max_tokens": 500, "batch_size": 16, "benchmark_n_per_class": None,

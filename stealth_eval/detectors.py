@@ -298,7 +298,7 @@ for _d in [
     PanelDetector(name="fast_detectgpt", family="curvature", stat="fdg", direction=+1, label="FDG", window="model",
                   reference="Bao et al. 2024, analytic criterion (no truncation: the model's limit)"),
     PanelDetector(name="binoculars_single", family="zero-shot ratio", stat="binoculars_single", direction=-1,
-                  label="Bino-1", window=512,
+                  label="Bino-1", window=512, stands_in_for="binoculars",
                   reference="Hans et al. 2024, one model as observer and performer (not the paper's pair)"),
 ]: DETECTORS.register(_d)
 DETECTORS.register(BinocularsPair())

@@ -157,6 +157,7 @@ class DNADetectLLMSingle(Detector):
     stat: str = "dna_detectllm"
     direction: int = -1
     label: str = "DNA-1"
+    stands_in_for: str = "dna_detectllm"
     reference: str = _DNA_REF + "; one model as observer and performer (not the paper's pair); 1024-token window"
     window: object = 1024
 

@@ -457,6 +457,7 @@ class GhostbusterLocal(Detector):
     none_reason: str = "no token to score, or the weak LM's positions end before the scored tokens do"
     reference: str = ("Verma et al. NAACL 2024, Ghostbuster (vivek3141/ghostbuster), with local LMs: scoring_model for davinci, "
                       "ghostbuster_local.weak_model for ada; n-grams from gensim's Wikipedia sample instead of Brown")
+    stands_in_for: str = "Ghostbuster with OpenAI's ada and davinci (retired API models) and Brown n-grams"
 
     def unavailable(self, cfg: dict) -> str: return _unavailable(cfg)
     def source(self, cfg: dict) -> tuple:

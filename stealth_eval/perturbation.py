@@ -553,7 +553,8 @@ _LM = "; spans filled left to right by a causal LM, not T5"
 # %% ../nbs/21_perturbation.ipynb #948a80ee
 def _pd(name, family, stat, direction, reference, filler):
     return DETECTORS.register(PerturbationDetector(name=name, family=family, stat=stat, direction=direction,
-                                                   reference=reference, filler=filler))
+                                                   reference=reference, filler=filler,
+                                                   stands_in_for=name.removesuffix("_lminfill") if filler == "lminfill" else ""))
 DETECTGPT = _pd("detectgpt", "curvature", "detectgpt", +1, _DGPT + "; T5 span filling", "t5")
 DETECTGPT_D = _pd("detectgpt_d", "curvature", "detectgpt_d", +1, _DGPT_D + "; T5 span filling", "t5")
 NPR = _pd("npr", "curvature", "npr", +1, _NPR + "; T5 span filling", "t5")

@@ -577,15 +577,15 @@ def main(argv=None) -> int:
             load_plugins(args.plugins)
             print("profiles:", ", ".join(PROFILES))
             for kind, reg in registries().items(): print(f"{kind}s:", ", ".join(reg.names()))
-            # the detectors as a table: what each reads as AI, whether it was trained, and whose method it is; an
-            # offline stand-in carries its own name (`*_single`, `*_lminfill`, `*offline*`, `*local*`) or says so
+            # the detectors as a table: what each reads as AI, whether it was trained, whose method it is, and, for an
+            # offline stand-in (its own name), the paper's detector it stands in for (`Detector.stands_in_for`)
             dets = registries()["detector"].all()
-            stand_in = lambda n, d: any(s in n for s in ("_single", "_lminfill", "offline", "local", "standin")) or "stand-in" in d.reference.lower()
-            rows = [(n + (" *" if stand_in(n, d) else ""), d.family, "higher = AI" if d.direction > 0 else "lower = AI",
-                     "yes" if d.supervised else "no", d.reference) for n, d in dets.items()]
+            rows = [(n + (" *" if d.stands_in_for else ""), d.family, "higher = AI" if d.direction > 0 else "lower = AI",
+                     "yes" if d.supervised else "no", d.reference + (f" [stands in for: {d.stands_in_for}]" if d.stands_in_for else ""))
+                    for n, d in dets.items()]
             head = ("name", "family", "direction", "supervised", "reference")
             w = [max(len(r[i]) for r in rows + [head]) for i in range(4)]
-            print("\ndetector table (direction: which raw score means AI; * an offline stand-in under its own name):")
+            print("\ndetector table (direction: which raw score means AI; * a stand-in under its own name, for the detector named last):")
             for r in [head] + rows: print("  " + "  ".join(f"{c:<{w[i]}}" for i, c in enumerate(r[:4])) + "  " + r[4])
             return EXIT_OK
         if args.list_settings:

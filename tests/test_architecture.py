@@ -232,3 +232,15 @@ def test_a_plugin_dataset_and_method_run_end_to_end_through_the_cli(tmp_path):
     assert m["shout"]["auc"] == pytest.approx(m["m0"]["auc"])      # the type-token ratio ignores case
     q = pd.read_parquet(out / "quality.parquet")
     assert (q.loc[q["method"] == "shout", "edit_rate"] == 1.0).all()   # every word changed (its case)
+
+
+def test_the_readme_names_every_stand_in_and_what_it_stands_in_for():
+    "README's stand-in table lists each detector whose `stands_in_for` is set, with the detector it replaces."
+    from stealth_eval.components import DETECTORS
+    readme = (ROOT / "README.md").read_text()
+    rows = [l for l in readme.splitlines() if l.startswith("| `")]
+    for n, d in DETECTORS.all().items():
+        if not d.stands_in_for: continue
+        row = next((l for l in rows if f"`{n}`" in l.split(" | ")[0]), None)    # the row's first cell names it
+        assert row is not None, f"README: no stand-in row for {n}"
+        assert d.stands_in_for.split()[0] in row.split(" | ")[1], (n, d.stands_in_for, row)   # in its "stands in for" cell

@@ -158,7 +158,10 @@ def test_list_prints_a_detector_table(capsys):
         assert cells(n)[1] == "commercial" and cells(n)[4] == DETECTORS.get(n).reference
     assert cells("winston_ai")[2] == "lower = AI"                            # its score is the human score
     assert cells("binoculars_single")[0] == "binoculars_single *" and cells("binoculars")[0] == "binoculars"
-    assert cells("detectgpt_lminfill")[0].endswith(" *")
+    assert cells("detectgpt_lminfill")[0].endswith(" *") and cells("detectgpt_lminfill")[4].endswith("[stands in for: detectgpt]")
+    # the marker is the detector's own field, not its name: every stand-in and nothing else is marked
+    assert {n for n in rows if cells(n)[0].endswith(" *")} == {n for n, d in DETECTORS.all().items() if d.stands_in_for}
+    assert cells("classifier_offline")[0] == "classifier_offline" and cells("lastde")[0] == "lastde"
 
 
 # ---------------------------------------------------------------- #27 item 5: M4's held-out vs in-reward row

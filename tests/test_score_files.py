@@ -87,3 +87,17 @@ def test_per_domain_tpr_at_raids_fpr_target_equals_raid_bench():
     assert set(theirs) == set(ours) == {"news", "reviews"}
     assert ours == pytest.approx(theirs, abs=1e-12), (ours, theirs)
     assert all(v == pytest.approx(0.05) for v in ev["fpr"]["0.05"].values())    # both reach the target exactly here
+
+
+def test_raid_detector_runs_under_raids_own_run_detection(tmp_path):
+    "A detector handed to raid-bench's `run_detection` writes RAID's records: its ids, RAID's direction, NaN where unscored."
+    raid = pytest.importorskip("raid", reason="raid-bench is installed by `make install` (pip --no-deps raid-bench==0.2.0)")
+    from stealth_eval.core import sha256_text
+    from stealth_eval.score_files import raid_detector
+    texts = ["first machine text", "a human wrote this", "not in the file"]
+    f = tmp_path / "lower_is_ai.jsonl"
+    f.write_text("".join(json.dumps({"text_sha256": sha256_text(t), "score": s, "direction": -1}) + "\n" for t, s in zip(texts, (0.5, 4.0))))
+    df = pd.DataFrame({"id": ["u1", "u2", "u3"], "generation": texts})
+    rec = raid.run_detection(raid_detector(f"scores:{f}", cache_dir=tmp_path / "store"), df)
+    assert [r["id"] for r in rec] == ["u1", "u2", "u3"]
+    assert [r["score"] for r in rec[:2]] == [-0.5, -4.0] and rec[2]["score"] != rec[2]["score"]   # None -> NaN in RAID's frame
