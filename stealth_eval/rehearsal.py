@@ -19,13 +19,13 @@ from pathlib import Path
 from .core import StealthEvalError, atomic_write_text, deep_merge, get_logger, read_json, user_cache_dir, write_json
 
 # %% auto #0
-__all__ = ['REAL_CONFIGS', 'STANDS_FOR', 'TOKENIZER_KIND', 'SCALES', 'CHAT_TEMPLATE', 'MARKER', 'SHARED_WEIGHTS', 'BANNER',
-           'REDUCED_RUN', 'LAYERS_RUN', 'H100', 'PAPER_SIZES', 'real_config', 'model_config', 'count_params',
-           'make_word_tokenizer', 'rehearsal_dir', 'build_rehearsal_model', 'build_rehearsal_models', 'rehearsal_scale',
-           'rehearsal_config', 'banner', 'watermark', 'mark_text_artifacts', 'StageMonitor', 'measure_models',
-           'param_split', 'flops_per_token', 'attention_flops', 'weight_bytes', 'prefill_seconds', 'decode_seconds',
-           'paper_workload', 'predict_seconds', 'cpu_layer_rows', 'cost_section', 'rehearsal_report',
-           'finish_rehearsal']
+__all__ = ['REAL_CONFIGS', 'STANDS_FOR', 'TOKENIZER_KIND', 'SCALES', 'CHAT_TEMPLATE', 'MARKER', 'SHARED_WEIGHTS',
+           'SENTENCE_TRANSFORMERS', 'BANNER', 'REDUCED_RUN', 'LAYERS_RUN', 'H100', 'LOGIT_PASS_BYTES', 'PAPER_SIZES',
+           'real_config', 'model_config', 'count_params', 'make_word_tokenizer', 'rehearsal_dir',
+           'build_rehearsal_model', 'build_rehearsal_models', 'rehearsal_scale', 'rehearsal_config', 'banner',
+           'watermark', 'mark_text_artifacts', 'StageMonitor', 'measure_models', 'param_split', 'flops_per_token',
+           'attention_flops', 'weight_bytes', 'prefill_seconds', 'decode_seconds', 'sampling_seconds', 'paper_workload',
+           'predict_seconds', 'cpu_layer_rows', 'cost_section', 'rehearsal_report', 'finish_rehearsal']
 
 # %% ../nbs/06_rehearsal.ipynb #c882805a
 REAL_CONFIGS = {
@@ -82,6 +82,34 @@ REAL_CONFIGS = {
                    "intermediate_size": 3072, "layer_norm_eps": 1e-12, "max_position_embeddings": 512,
                    "num_attention_heads": 12, "num_hidden_layers": 12, "pad_token_id": 0,
                    "position_embedding_type": "absolute", "type_vocab_size": 2, "vocab_size": 30522},
+    # RADAR (`classifiers.radar`): despite its name a RoBERTa-large detector ("Vicuna-7B" is the paraphraser it was
+    # trained against); huggingface.co/TrustSafeAI/RADAR-Vicuna-7B/blob/main/config.json is roberta-large's shape
+    # (first upload lists RobertaForMaskedLM; read through AutoModelForSequenceClassification, 2 labels, no label
+    # names: its reference reads softmax(logits)[:, 0] as P(AI))
+    "radar-vicuna-7b": {
+        "model_type": "roberta", "architectures": ["RobertaForSequenceClassification"], "attention_probs_dropout_prob": 0.1,
+        "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 1024,
+        "initializer_range": 0.02, "intermediate_size": 4096, "layer_norm_eps": 1e-05, "max_position_embeddings": 514,
+        "num_attention_heads": 16, "num_hidden_layers": 24, "num_labels": 2, "pad_token_id": 1, "type_vocab_size": 1,
+        "vocab_size": 50265},
+    # huggingface.co/sentence-transformers/all-mpnet-base-v2/blob/main/config.json (ProxiHuman's embedder,
+    # `perturbation.proxihuman_embedder`): MPNetModel, 514 positions with RoBERTa's offset, 32 relative-position buckets;
+    # built as a sentence-transformers folder (SENTENCE_TRANSFORMERS below)
+    "all-mpnet-base-v2": {"model_type": "mpnet", "architectures": ["MPNetModel"], "attention_probs_dropout_prob": 0.1,
+                          "bos_token_id": 0, "eos_token_id": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+                          "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072, "layer_norm_eps": 1e-05,
+                          "max_position_embeddings": 514, "num_attention_heads": 12, "num_hidden_layers": 12,
+                          "pad_token_id": 1, "relative_attention_num_buckets": 32, "vocab_size": 30527},
+    # huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct/blob/main/config.json (Ghostbuster's weak model,
+    # `ghostbuster_local.weak_model`). Listed for the cost model only: the profile names the embedded real model by its
+    # alias, which no hub id matches, so a rehearsal keeps its real (135 M, CPU-cheap) weights
+    "smollm2-135m-instruct": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "attention_bias": False,
+                              "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "head_dim": 64,
+                              "hidden_act": "silu", "hidden_size": 576, "initializer_range": 0.02,
+                              "intermediate_size": 1536, "max_position_embeddings": 8192, "mlp_bias": False,
+                              "num_attention_heads": 9, "num_hidden_layers": 30, "num_key_value_heads": 3,
+                              "pad_token_id": 2, "rms_norm_eps": 1e-05, "rope_theta": 100000.0,
+                              "tie_word_embeddings": True, "vocab_size": 49152},
 }
 
 STANDS_FOR = {  # rehearsal model -> the hub id it replaces (in any profile value)
@@ -90,9 +118,11 @@ STANDS_FOR = {  # rehearsal model -> the hub id it replaces (in any profile valu
     "authormist-originality-rehearsal-standin": "authormist/authormist-originality",
     "t5-large": "t5-large", "roberta-large-openai-detector": "openai-community/roberta-large-openai-detector",
     "longformer-base-4096": "allenai/longformer-base-4096", "e5-base-v2": "intfloat/e5-base-v2",
+    "radar-vicuna-7b": "TrustSafeAI/RADAR-Vicuna-7B", "all-mpnet-base-v2": "sentence-transformers/all-mpnet-base-v2",
+    "smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct",
 }
 TOKENIZER_KIND = {"falcon": "causal", "qwen3": "chat", "qwen2": "chat", "t5": "t5", "roberta": "roberta", "bert": "bert",
-                  "longformer": "roberta"}
+                  "longformer": "roberta", "mpnet": "roberta", "llama": "chat"}   # MPNet: RoBERTa's special ids and <mask> last
 
 # %% ../nbs/06_rehearsal.ipynb #4db1eeb0
 _REDUCED = {
@@ -105,6 +135,9 @@ _REDUCED = {
     "roberta": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2},
     "bert": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2},
     "longformer": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2},
+    "mpnet": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2},
+    "llama": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16},
 }
 
 def real_config(name: str) -> dict:
@@ -116,7 +149,7 @@ def real_config(name: str) -> dict:
 _LAYERS = {   # scale 'layers': the real configuration with only these depths changed
     "falcon": {"num_hidden_layers": 1}, "qwen3": {"num_hidden_layers": 1}, "qwen2": {"num_hidden_layers": 1},
     "t5": {"num_layers": 2, "num_decoder_layers": 2}, "roberta": {"num_hidden_layers": 2}, "bert": {"num_hidden_layers": 2},
-    "longformer": {"num_hidden_layers": 2},
+    "longformer": {"num_hidden_layers": 2}, "mpnet": {"num_hidden_layers": 2}, "llama": {"num_hidden_layers": 1},
 }
 SCALES = ("full", "layers", "reduced")
 
@@ -207,10 +240,24 @@ def make_word_tokenizer(kind: str,              # causal | chat | t5 | roberta |
 
 # %% ../nbs/06_rehearsal.ipynb #d8d702f6
 MARKER = "REHEARSAL_RANDOM_WEIGHTS.json"
-_BF16_CHECKPOINTS = {"falcon", "qwen3", "qwen2"}   # the hub checkpoints' dtypes: these bf16; T5, RoBERTa, E5 float32
+_BF16_CHECKPOINTS = {"falcon", "qwen3", "qwen2", "llama"}   # the hub checkpoints' dtypes: these bf16; T5, RoBERTa, E5, MPNet float32
 SHARED_WEIGHTS = {"falcon-7b-instruct": "falcon-7b"}   # same random tensors (hard links), own folder and marker
+SENTENCE_TRANSFORMERS = {   # stand-ins saved as sentence-transformers folders: the hub's modules.json, sentence_bert_config.json, 1_Pooling
+    "all-mpnet-base-v2": {"max_seq_length": 384, "do_lower_case": False, "pooling": "mean", "normalize": True},
+}
 
 def rehearsal_dir(scale: str) -> Path: return user_cache_dir() / "rehearsal" / scale
+
+def _write_sentence_transformer(folder: Path, hidden: int, st: dict):
+    "The sentence-transformers layout around a saved encoder: Transformer (the folder itself), Pooling, Normalize."
+    mods = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if st["normalize"]: mods.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    write_json(folder / "modules.json", mods)
+    write_json(folder / "sentence_bert_config.json", {"max_seq_length": st["max_seq_length"], "do_lower_case": st["do_lower_case"]})
+    write_json(folder / "1_Pooling" / "config.json", {"word_embedding_dimension": hidden, **{f"pooling_mode_{m}": st["pooling"] == k
+               for k, m in (("cls", "cls_token"), ("mean", "mean_tokens"), ("max", "max_tokens"), ("sqrt", "mean_sqrt_len_tokens"))}})
+    if st["normalize"]: (folder / "2_Normalize").mkdir(exist_ok=True)
 
 # %% ../nbs/06_rehearsal.ipynb #accb597a
 def _token_ids(kind: str, tok) -> dict:
@@ -230,7 +277,7 @@ def build_rehearsal_model(name: str, folder, scale: str = "full", seed: int = 0,
     tkind = TOKENIZER_KIND[kind]
     vocab = real_config(name)["vocab_size"]
     n_pos = real_config(name).get("max_position_embeddings") or real_config(name).get("n_positions") or 2048
-    tok = make_word_tokenizer(tkind, vocab, min(int(n_pos) - (2 if kind in ("roberta", "longformer") else 0), 1 << 20))
+    tok = make_word_tokenizer(tkind, vocab, min(int(n_pos) - (2 if kind in ("roberta", "longformer", "mpnet") else 0), 1 << 20))
     cfg = model_config(name, scale, _token_ids(tkind, tok))
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
@@ -257,6 +304,7 @@ def build_rehearsal_model(name: str, folder, scale: str = "full", seed: int = 0,
             del model
             if dev.startswith("cuda"): torch.cuda.empty_cache()
         tok.save_pretrained(tmp)
+        if name in SENTENCE_TRANSFORMERS: _write_sentence_transformer(tmp, cfg.hidden_size, SENTENCE_TRANSFORMERS[name])
         marker = {"WARNING": "RANDOM WEIGHTS: a rehearsal stand-in. Every score computed with this model is meaningless.",
                   "rehearsal": True, "name": name, "stands_for": STANDS_FOR[name], "architecture": cfg.architectures[0],
                   "scale": scale, "n_params": int(n_params), "seed": seed, "weights_shared_with": src,
@@ -438,6 +486,11 @@ def measure_models(cfg: dict, texts: list, new_tokens: int | None = None, n_prom
     for key in ("scoring_model", "binoculars_observer", "binoculars_performer", "quality_lm", "generator", "paraphraser",
                 "authormist_model", "embedder", "classifier_model"):
         if cfg.get(key): roles.setdefault(cfg[key], []).append(key)
+    dets = set(cfg.get("detectors") or [])
+    for key, det in (("classifiers.radar", "radar"), ("perturbation.proxihuman_embedder", "proxihuman")):   # nested settings
+        sec, sub = key.split(".")
+        spec = (cfg.get(sec) or {}).get(sub)
+        if det in dets and spec: roles.setdefault(spec, []).append(key)
     rows = []
     for spec, keys in roles.items():
         name = inv.get(spec, spec)
@@ -445,12 +498,14 @@ def measure_models(cfg: dict, texts: list, new_tokens: int | None = None, n_prom
         try:
             if spec in inv: row["params_m"] = round(read_json(Path(spec) / MARKER)["n_params"] / 1e6, 1)
             _free(dev); _peak_reset(dev)
-            if keys[0] == "embedder":
-                emb = models.load_embedder(spec, device=dev, batch_tokens=cfg.get("embed_batch_tokens", "auto"),
-                                           bucket_tokens=int(cfg.get("embed_bucket_tokens", 32)))   # the run's settings
+            if keys[0] in ("embedder", "perturbation.proxihuman_embedder"):
+                from stealth_eval.perturbation import load_proxihuman_embedder
+                emb = load_proxihuman_embedder(spec, cfg) if keys[0] != "embedder" else \
+                    models.load_embedder(spec, device=dev, batch_tokens=cfg.get("embed_batch_tokens", "auto"),
+                                         bucket_tokens=int(cfg.get("embed_bucket_tokens", 32)))   # the run's settings
                 t0 = time.perf_counter(); emb.encode(texts); dt = time.perf_counter() - t0
                 row.update(what="embed (encode)", items=len(texts), seconds=round(dt, 2), per_s=round(len(texts) / dt, 1), unit="texts/s")
-            elif keys[0] == "classifier_model":
+            elif keys[0] in ("classifier_model", "classifiers.radar"):
                 from stealth_eval.supervised import classifier_max_tokens, classify_texts, load_sequence_classifier
                 m, tok, _ = load_sequence_classifier(spec, cfg["device"], cfg["trust_remote_code"])   # classify_texts' copy
                 n = sum(min(len(tok(t).input_ids), classifier_max_tokens(m.config, tok)) for t in texts)
@@ -560,6 +615,15 @@ def decode_seconds(name: str, rows: int, prompt_len: float, new_tokens: float, b
     return steps * max(byt / (hw["hbm_tb_s"] * 1e12 * hw["bw_eff"]),
                        flops / ((hw["peak_tflops"] if b == 2 else hw["fp32_tflops"]) * 1e12 * hw["mfu"]))
 
+# %% ../nbs/06_rehearsal.ipynb #ed5f2017
+LOGIT_PASS_BYTES = 6 + 4 + 12 + 16 + 16 + 16   # per vocabulary entry: bf16 -> f32 (r2 w4), max (r4), f32 -> f64 (r4 w8), sub_, exp_, cumsum_ (r8 w8 each)
+
+def sampling_seconds(name: str, positions: float, n_samples: int, hw: dict = H100) -> float:
+    "Predicted time of drawing `n_samples` tokens from the full next-token distribution at `positions` positions (Lastde++)."
+    import math
+    V = model_config(name).vocab_size
+    return positions * (LOGIT_PASS_BYTES * V + n_samples * math.ceil(math.log2(V)) * 8) / (hw["hbm_tb_s"] * 1e12 * hw["bw_eff"])
+
 # %% ../nbs/06_rehearsal.ipynb #3be63639
 PAPER_SIZES = {   # the spec's sizes the paper profile does not fix (stealthrl_evaluation_spec.md section 3.1)
     "n_per_class": 1000,    # MAGE: 1000 human + 1000 AI texts
@@ -585,9 +649,9 @@ def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
     t5, am = _name_of(pt["t5_model"]), _name_of(cfg.get("authormist_model")) or "authormist-originality-rehearsal-standin"
     S, W = min(T, cfg["score_max_tokens"]), min(T, 512)
     rows = []
-    def add(stage, what, model, kind, n, L, new=0, batch=1):
+    def add(stage, what, model, kind, n, L, new=0, batch=1, samples=0):
         if model and n: rows.append({"stage": stage, "what": what, "model": model, "kind": kind, "seqs": int(n),
-                                     "tokens": float(L), "new_tokens": float(new), "batch": int(batch)})
+                                     "tokens": float(L), "new_tokens": float(new), "batch": int(batch), "samples": int(samples)})
     def batch_of(model, L):   # decode rows: the paraphrase batch, capped by the gpu profile's KV budget (models.decode_rows)
         from stealth_eval.models import decode_rows
         from stealth_eval.schema import DEVICE_PROFILES
@@ -615,13 +679,31 @@ def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
     if "binoculars" in dets:
         add("20_detectors", "binoculars observer", _name_of(cfg["binoculars_observer"]), "prefill", texts, W)
         add("20_detectors", "binoculars performer", _name_of(cfg["binoculars_performer"]), "prefill", texts, W)
+    if "radar" in dets:   # a hub classifier: one pass of its encoder, its reference's max_length 512
+        add("20_detectors", "radar", _name_of((cfg.get("classifiers") or {}).get("radar")), "prefill", texts, W)
+    if "dna_detectllm" in dets:   # its own passes of the Binoculars pair over its reference's 1024-token window
+        D = min(T, int((cfg.get("score_windows") or {}).get("dna_detectllm", 1024)))
+        add("20_detectors", "dna_detectllm observer", _name_of(cfg["binoculars_observer"]), "prefill", texts, D)
+        add("20_detectors", "dna_detectllm performer", _name_of(cfg["binoculars_performer"]), "prefill", texts, D)
+    if dets & {"lastde", "lastde_pp"}:   # one pass of the scoring LM over the model's window serves both, then the samples
+        from stealth_eval.schema import Lastde
+        ld = Lastde.from_dict(cfg.get("lastde") or {})
+        P = min(T, getattr(model_config(lm), "max_position_embeddings", None) or 2048)
+        add("20_detectors", "lastde / lastde++ (one pass)", lm, "prefill", texts, P)
+        add("20_detectors", f"lastde++: {ld.n_samples} samples per position", lm, "sample_logits", texts, P, samples=ld.n_samples)
+    if "ghostbuster_local" in dets:   # both LMs over the run's texts and the training split; the feature search is CPU work
+        from stealth_eval.schema import GhostbusterLocal
+        gb, n_tr = GhostbusterLocal.from_dict(cfg.get("ghostbuster_local") or {}), 2 * cfg["data"]["n_train_per_class"] * len(cfg["datasets"])
+        add("20_detectors", "ghostbuster_local: scoring LM (texts + training split)", lm, "prefill", texts + n_tr, S)
+        add("20_detectors", "ghostbuster_local: weak LM (texts + training split)", _name_of(gb.weak_model), "prefill", texts + n_tr, T)
     if "proxihuman" in dets:   # its own masks (10% of the words, single-word spans) and its own T5: fills of its own
         ph = _name_of(pt.get("proxihuman_t5_model") or pt["t5_model"])
         sl, pc = pt.get("proxihuman_span_length", 1), pt.get("proxihuman_pct_masked", 0.1)
         n_p, fill = texts * pt["n_perturbations"], min(pt["t5_max_length"], math.ceil((sl + 1) * pc * T / sl) + 1)
         add("20_detectors", "ProxiHuman T5 fills: encoder", ph, "prefill_encoder", n_p, min(T, pt["t5_max_input_tokens"]))
         add("20_detectors", "ProxiHuman T5 fills: decoder", ph, "decode_decoder", n_p, min(T, pt["t5_max_input_tokens"]), fill, pt["batch_size"])
-        add("20_detectors", "ProxiHuman embeddings", _name_of(pt.get("proxihuman_embedder") or cfg["embedder"]), "prefill", n_p + texts, W)
+        phe = _name_of(pt.get("proxihuman_embedder") or cfg["embedder"])   # a sentence-transformers model reads its max_seq_length
+        add("20_detectors", "ProxiHuman embeddings", phe, "prefill", n_p + texts, min(W, SENTENCE_TRANSFORMERS.get(phe, {}).get("max_seq_length", W)))
     if dets & {"detectgpt", "npr"}:
         n_p, fill = texts * pt["n_perturbations"], min(pt["t5_max_length"], math.ceil((pt["span_length"] + 1) * pt["pct_words_masked"] * T / (pt["span_length"] + 2 * pt["buffer_size"])) + 1)
         add("20_detectors", "T5 fills: encoder", t5, "prefill_encoder", n_p, min(T, pt["t5_max_input_tokens"]))
@@ -636,6 +718,7 @@ def predict_seconds(row: dict, hw: dict = H100) -> float:
     "Predicted H100 seconds of one workload row (`paper_workload`)."
     m, n, L = row["model"], row["seqs"], row["tokens"]
     if row["kind"] == "prefill": return prefill_seconds(m, n, L, hw)
+    if row["kind"] == "sample_logits": return sampling_seconds(m, n * L, row["samples"], hw)
     if row["kind"] == "prefill_encoder": return prefill_seconds(m, n, L, hw, logits=False, stacks=("encoder.block",))
     if row["kind"] == "decode_decoder": return decode_seconds(m, n, L, row["new_tokens"], row["batch"], hw, stacks=("decoder.block",))
     return prefill_seconds(m, n, L, hw) + decode_seconds(m, n, L, row["new_tokens"], row["batch"], hw)
@@ -682,7 +765,8 @@ def cost_section(cfg: dict, model_rows: list, sizes: dict | None = None, hw: dic
          f"{hw['fp32_tflops']:.0f} TFLOP/s: TF32 is off by default in PyTorch). Decode: steps x max(bytes of weights + KV "
          f"cache / ({hw['bw_eff']:.0%} of {hw['hbm_tb_s']} TB/s), FLOPs / compute) per step, with the batch the KV budget allows. "
          "Trained paraphrasers are assumed to stop at the source length; distinct outputs per condition are upper bounds "
-         "(every budget's choice counted as a new text); each scored text is perturbed.", "",
+         "(every budget's choice counted as a new text); each scored text is perturbed. Lastde++'s sampling: positions x "
+         f"({LOGIT_PASS_BYTES} bytes x vocabulary + samples x log2(vocabulary) x 8 bytes) at the decode bandwidth.", "",
          f"| stage | predicted H100 hours | share |", "|---|---|---|"]
     L += [f"| {k} | {v / 3600:.2f} | {100 * v / tot:.0f}% |" for k, v in by.items()]
     L += [f"| **total** | **{tot / 3600:.1f}** | 100% |", "",

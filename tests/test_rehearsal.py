@@ -235,3 +235,107 @@ def test_make_rehearse_runs_every_stage_at_real_widths(tmp_path):
     assert (q.loc[~q["valid"], "fail_reason"] != "").all()        # the others kept, with the reason
     report = (out / "rehearsal_report.md").read_text()
     assert "## PREDICTION" in report and "| falcon-7b | 1 |" in report and "at the `layers` shapes" in report
+
+
+# ---------------------------------------------------------------- the paper's newer detectors: RADAR, ProxiHuman's MPNet, Ghostbuster's weak LM
+EXPECTED_B.update({"radar-vicuna-7b": (0.35, 0.36),          # RoBERTa-large + its 2-label head (the hub's 1.42 GB of float32)
+                   "all-mpnet-base-v2": (0.109, 0.110),       # the hub card's 110 M
+                   "smollm2-135m-instruct": (0.134, 0.135)})  # tied embeddings counted once
+
+
+def test_new_stand_ins_have_the_real_shapes():
+    r = _meta_model("radar-vicuna-7b", "layers")     # RoBERTa-large widths, 2 labels, read at index 0 as P(AI)
+    assert tuple(r.roberta.embeddings.word_embeddings.weight.shape) == (50265, 1024)
+    assert tuple(r.roberta.embeddings.position_embeddings.weight.shape) == (514, 1024)
+    assert r.config.num_attention_heads == 16 and r.classifier.out_proj.out_features == 2 and len(r.roberta.encoder.layer) == 2
+    m = _meta_model("all-mpnet-base-v2", "layers")   # MPNet: 30,527 ids, 514 positions, 32 relative buckets x 12 heads
+    assert tuple(m.embeddings.word_embeddings.weight.shape) == (30527, 768)
+    assert tuple(m.embeddings.position_embeddings.weight.shape) == (514, 768)
+    assert tuple(m.encoder.relative_attention_bias.weight.shape) == (32, 12) and len(m.encoder.layer) == 2
+    s = _meta_model("smollm2-135m-instruct", "layers")   # 9 query heads of 64 on 3 key/value heads, vocab 49,152
+    a = s.model.layers[0].self_attn
+    assert (a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features) == (9 * 64, 3 * 64, 3 * 64)
+    assert s.lm_head.weight.shape[0] == 49152 and len(s.model.layers) == 1
+
+
+# every model setting each paper-profile detector reads (a detector added to the paper profile fails until listed here)
+DETECTOR_MODEL_KEYS = {
+    "roberta_openai": ["classifier_model"], "radar": ["classifiers.radar"],
+    **{d: ["scoring_model"] for d in ("log_likelihood", "log_rank", "rank", "entropy", "lrr", "fast_detectgpt", "lastde", "lastde_pp")},
+    "detectgpt": ["scoring_model", "perturbation.t5_model"], "npr": ["scoring_model", "perturbation.t5_model"],
+    "proxihuman": ["scoring_model", "perturbation.proxihuman_t5_model", "perturbation.proxihuman_embedder"],
+    "binoculars": ["binoculars_observer", "binoculars_performer"], "dna_detectllm": ["binoculars_observer", "binoculars_performer"],
+    "ghostbuster_local": ["scoring_model", "ghostbuster_local.weak_model"],
+}
+
+
+def test_every_paper_detector_reads_a_stand_in_or_an_embedded_model(tmp_path, monkeypatch):
+    import stealth_eval.rehearsal as R
+    from stealth_eval.config import PROFILES, resolve_config
+    from stealth_eval.models import EMBEDDED_LMS
+    monkeypatch.setattr(R, "build_rehearsal_models", lambda folder=None, scale="full", seed=0, names=None:
+                        {n: tmp_path / n for n in (names or R.REAL_CONFIGS)})     # the folders, not the weights
+    paper = PROFILES["paper"].to_dict()
+    assert set(DETECTOR_MODEL_KEYS) == set(paper["detectors"])
+    cfg = resolve_config("rehearsal", overrides={"rehearsal.scale": "layers"}).to_dict()
+    get = lambda c, k: c[k] if "." not in k else c[k.split(".")[0]][k.split(".")[1]]
+    for det, keys in DETECTOR_MODEL_KEYS.items():
+        for k in keys:
+            v = str(get(cfg, k))
+            if v in EMBEDDED_LMS: continue                       # real offline weights (Ghostbuster's SmolLM2)
+            assert Path(v).parent == tmp_path and Path(v).name in STANDS_FOR, (det, k, v, get(paper, k))
+            assert STANDS_FOR[Path(v).name] == get(paper, k), (det, k)   # the stand-in of the model the paper names
+    hubs = set(STANDS_FOR.values())
+    def leaves(node):
+        if isinstance(node, dict):
+            for v in node.values(): yield from leaves(v)
+        elif isinstance(node, list):
+            for v in node: yield from leaves(v)
+        else: yield node
+    assert not [v for v in leaves(cfg) if isinstance(v, str) and v in hubs]   # no replaced hub id survives anywhere
+
+
+def test_proxihuman_and_radar_stand_ins_load_as_their_detectors_read_them(tmp_path):
+    import numpy as np
+    from stealth_eval.perturbation import load_proxihuman_embedder
+    from stealth_eval.rehearsal import build_rehearsal_model
+    from stealth_eval.supervised import classifier_config, resolve_ai_label
+    f = build_rehearsal_model("all-mpnet-base-v2", tmp_path / "all-mpnet-base-v2", "reduced")
+    assert read_json(f / "modules.json")[1]["type"] == "sentence_transformers.models.Pooling"
+    assert read_json(f / "1_Pooling" / "config.json")["pooling_mode_mean_tokens"] is True
+    E = np.asarray(load_proxihuman_embedder(str(f), {"device": "cpu"}).encode(["the police said", "a fire in the city today"]))
+    assert E.shape == (2, 64) and np.allclose(np.linalg.norm(E, axis=1), 1.0)     # mean-pooled, normalised
+    assert read_json(f / MARKER)["stands_for"] == "sentence-transformers/all-mpnet-base-v2"
+    r = build_rehearsal_model("radar-vicuna-7b", tmp_path / "radar-vicuna-7b", "reduced")
+    c = classifier_config(str(r), False)
+    assert c.num_labels == 2 and resolve_ai_label(c.id2label, 0, "classifier_ai_labels.radar") == 0
+
+
+def test_cost_model_rows_of_the_newer_detectors():
+    from stealth_eval.config import PROFILES
+    from stealth_eval.rehearsal import H100, paper_workload, predict_seconds, sampling_seconds
+    paper = PROFILES["paper"].to_dict()
+    rows = {r["what"]: r for r in paper_workload(paper)}
+    texts = rows["likelihood panel (one pass)"]["seqs"]
+    assert rows["radar"]["model"] == "radar-vicuna-7b" and rows["radar"]["seqs"] == texts and rows["radar"]["tokens"] == 300
+    assert rows["ProxiHuman embeddings"]["model"] == "all-mpnet-base-v2"
+    assert {rows[f"dna_detectllm {r}"]["model"] for r in ("observer", "performer")} == {"falcon-7b", "falcon-7b-instruct"}
+    n_tr = 2 * paper["data"]["n_train_per_class"] * len(paper["datasets"])
+    gb = rows["ghostbuster_local: weak LM (texts + training split)"]
+    assert gb["model"] == "smollm2-135m-instruct" and gb["seqs"] == texts + n_tr
+    assert rows["ghostbuster_local: scoring LM (texts + training split)"]["seqs"] == texts + n_tr
+    samp = rows[f"lastde++: {paper['lastde']['n_samples']} samples per position"]
+    assert samp["samples"] == paper["lastde"]["n_samples"] and samp["seqs"] == texts
+    assert predict_seconds(samp) == pytest.approx(sampling_seconds("falcon-7b", texts * 300, paper["lastde"]["n_samples"]))
+    # windows: DNA 1024 (its reference), Lastde the scoring model's 2048 positions, MPNet its 384-token max_seq_length
+    long = {r["what"]: r for r in paper_workload(paper, {"mean_tokens": 3000})}
+    assert long["dna_detectllm observer"]["tokens"] == 1024 and long["binoculars observer"]["tokens"] == 512
+    assert long["lastde / lastde++ (one pass)"]["tokens"] == 2048 and long["ProxiHuman embeddings"]["tokens"] == 384
+    assert long["radar"]["tokens"] == 512
+    # the settings drive the rows: fewer samples cost less, a detector left out leaves no row
+    few = {r["what"]: r for r in paper_workload({**paper, "lastde": {**paper["lastde"], "n_samples": 10}})}
+    assert predict_seconds(few["lastde++: 10 samples per position"]) < predict_seconds(samp)
+    some = paper_workload({**paper, "detectors": ["log_likelihood"]})
+    assert not [r for r in some if r["what"].split(" ")[0].split(":")[0] in ("radar", "dna_detectllm", "lastde", "ghostbuster_local", "ProxiHuman")]
+    # the sampling cost is the bytes of the vocabulary passes at the decode bandwidth
+    assert sampling_seconds("falcon-7b", 1.0, 0) == pytest.approx(70 * 65024 / (H100["hbm_tb_s"] * 1e12 * H100["bw_eff"]))
