@@ -660,8 +660,9 @@ def apt_domain_data(A: dict, ds: str) -> dict:
     dd = A.get("datasets", {}).get(ds, {})
     conds = {}
     for d in dd.values():
-        for c, e in d.items():
-            if e["polish"] != "none" and e["by_polisher"].get("all", {}).get("by_domain"): conds.setdefault(c, e)
+        for c, e in d.items():   # the undefended texts (a defense's rates are in metrics_apt.json and table_apt)
+            if e["polish"] != "none" and e.get("defense", "none") == "none" and e["by_polisher"].get("all", {}).get("by_domain"):
+                conds.setdefault(c, e)
     if not conds: return {}
     doms = sorted({m for e in conds.values() for m in e["by_polisher"]["all"]["by_domain"]})
     rk = "_acc" if any("threshold_acc" in e["by_polisher"].get("all", {}) for d in dd.values() for e in d.values()) else "1"
@@ -678,24 +679,33 @@ def apt_domain_data(A: dict, ds: str) -> dict:
 # %% ../nbs/40_figures.ipynb #a85d42b3
 @themed
 def plot_apt_domains(A: dict, path) -> dict:
-    "Write APT-Eval's Fig. 17 (a panel per dataset and detector, and their mean); return {dataset: data}, {} without per-domain rates."
+    """Write APT-Eval's Fig. 17 as heatmaps (a panel per dataset and detector, and their mean: rows the domains, columns
+    the polish levels, cells the flag rate; grey: no text); return {dataset: data}, {} without per-domain rates."""
+    import seaborn as sns
     data = {ds: x for ds in sorted(A.get("datasets", {})) if (x := apt_domain_data(A, ds))}
     if not data: return {}
     plt = _plt()
     panels = [(ds, det, x) for ds, x in data.items() for det in x["rates"]]
-    nc = min(len(panels), 3); nr = -(-len(panels) // nc)
-    fig, axes = plt.subplots(nr, nc, figsize=(PAGE_IN, 2.1 * nr + 0.6), squeeze=False, layout="constrained")
-    for ax, (ds, det, x) in zip(axes.flat, panels):
+    nl, nd = max(len(x["levels"]) for x in data.values()), max(len(x["domains"]) for x in data.values())
+    nc = max(1, min(len(panels), int(PAGE_IN // max(1.6, 0.23 * nl + 0.9))))
+    nr = -(-len(panels) // nc)
+    fig, axes = plt.subplots(nr, nc, figsize=(PAGE_IN, (0.22 * nd + 1.1) * nr + 0.5), squeeze=False, layout="constrained")
+    cmap = sns.color_palette(HEATMAP_CMAP, as_cmap=True)
+    for k, (ax, (ds, det, x)) in enumerate(zip(axes.flat, panels)):
         R = x["rates"][det]
-        nd, nl = R.shape
-        w, cols = 0.8 / nl, plt.get_cmap(HEATMAP_CMAP)(np.linspace(0.1, 0.9, nl))   # an ordered palette for ordered levels
-        for j in range(nl):
-            ax.bar(np.arange(nd) + (j - (nl - 1) / 2) * w, R[:, j], w, color=cols[j], label=x["levels"][j])
-        ax.set_xticks(range(nd), x["domains"], rotation=30, ha="right")
-        ax.set_ylim(0, 1); ax.set_ylabel("flagged as AI"); ax.set_title(f"{ds}: {det}")
+        ax.set_facecolor(".9")
+        sns.heatmap(R, vmin=0, vmax=1, cmap=cmap, annot=R.shape[1] <= 12, fmt=".1f", annot_kws={"size": MIN_PT},
+                    linewidths=0.4, linecolor="white", cbar=False, ax=ax,
+                    xticklabels=x["levels"], yticklabels=x["domains"] if k % nc == 0 else False)
+        for t in ax.texts:
+            xx, yy = t.get_position(); t.set_color(text_color(cmap(R[int(yy), int(xx)])))
+        ax.tick_params(length=0)
+        plt.setp(ax.get_xticklabels(), rotation=60, ha="right", rotation_mode="anchor")
+        ax.set_title(f"{ds}: {det}" if len(data) > 1 else det)
     for ax in list(axes.flat)[len(panels):]: ax.axis("off")
-    _fig_legend(fig, ncol=min(6, max(len(x["levels"]) for x in data.values())))
-    fig.suptitle(f"AI-polished human texts flagged per domain; threshold: {next(iter(data.values()))['rule']}")
+    fig.colorbar(plt.cm.ScalarMappable(norm=plt.Normalize(0, 1), cmap=cmap), ax=axes, shrink=0.6, aspect=30,
+                 label="share of polished human texts flagged as AI")
+    fig.suptitle(f"AI-polished human texts flagged per domain and polish level; threshold: {next(iter(data.values()))['rule']}")
     _save(fig, path)
     return data
 

@@ -1304,6 +1304,15 @@ def _apt_level_label(e: dict) -> str:
     return "unedited" if e["polish"] == "none" else f"{e['level']}%" if e["polish"] == "percent" else str(e["level"])
 
 def _apt_domain_tables(ds: str, dd: dict) -> list:
+    "APT-Eval Figs. 6/17/18 as tables, one set per defense (the undefended texts first): a level's column is one condition."
+    defenses = sorted({e.get("defense", "none") for d in dd.values() for e in d.values()}, key=lambda x: (x != "none", x))
+    out = []
+    for df in defenses:
+        sub = {det: {c: e for c, e in d.items() if e.get("defense", "none") == df} for det, d in dd.items()}
+        out += _apt_domain_tables_for(ds if df == "none" else f"{ds}, defense {df}", sub)
+    return out
+
+def _apt_domain_tables_for(ds: str, dd: dict) -> list:
     "APT-Eval Figs. 6/17/18 as tables: flag rate per domain (rows) and polish level (columns), per detector and per polisher."
     conds = {}
     for d in dd.values():

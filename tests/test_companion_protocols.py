@@ -425,3 +425,25 @@ def test_apt_per_domain_needs_two_domains():
     R = M.compute_apt(pd.DataFrame(rows).assign(domain=["news", "blog"] * 60), CFG)       # two: the split and its table
     assert sorted(R["datasets"]["toy"]["d"]["m0:polish:degree=minor"]["by_polisher"]["all"]["by_domain"]) == ["blog", "news"]
     assert any("Fig. 17" in md for md, _ in M._apt_tables(R))
+
+
+def test_apt_per_domain_tables_and_figure_keep_each_defense_apart(tmp_path):
+    "A run with the sanitize defense: Fig. 17 gets one table per defense, one column per level, and the figure the undefended texts."
+    from stealth_eval.figures import apt_domain_data, plot_apt_domains
+    rng = np.random.default_rng(5)
+    rows = []
+    for defense, shift in (("none", 0.0), ("sanitize", 0.7)):
+        suffix = "" if defense == "none" else "+sanitize"
+        for kind, cond, setting, label, mu in (("h", "m0", "", "human", 0), ("a", "m0", "", "ai", 2),
+                                               ("p", "m0:polish:degree=minor", "polish:degree=minor", "human", 1)):
+            rows += [{**_row("toy", f"{kind}{i}", label, cond + suffix, setting, "d", v + shift), "defense": defense,
+                      "domain": ["news", "blog"][i % 2]} for i, v in enumerate(rng.normal(mu, 1, 40))]
+    R = M.compute_apt(pd.DataFrame(rows), CFG)
+    tabs = [md for md, _ in M._apt_tables(R) if "Fig. 17" in md]
+    assert len(tabs) == 2 and "defense sanitize" in tabs[1] and "defense" not in tabs[0].splitlines()[0]
+    for md in tabs:      # before: both defenses' conditions in one table, each level's header twice
+        head = [x.strip() for x in md.splitlines()[2].strip("|").split("|")]
+        assert head == ["Detector", "Domain", "unedited", "minor", "avg (degree)"]
+    x = apt_domain_data(R, "toy")
+    assert x["conditions"] == ["m0:polish:degree=minor"] and x["levels"] == ["minor"]
+    assert plot_apt_domains(R, tmp_path / "f.png") and (tmp_path / "f.png").stat().st_size > 0
