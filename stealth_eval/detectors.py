@@ -22,11 +22,12 @@ __all__ = ['PANEL_VERSION', 'panel_batch', 'binoculars_batch', 'HeadLogits', 'lm
            'score_texts', 'score_texts_windows', 'score_binoculars_pair', 'run_detectors_stage']
 
 # %% ../nbs/20_detectors.ipynb #3813068a
-PANEL_VERSION = "panel-v7"  # bump whenever the computation changes: it is part of every cache key
+PANEL_VERSION = "panel-v8"  # bump whenever the computation changes: it is part of every cache key
 
 def _position_stats(z, y, ref=None):
     """Per-position statistics of logits `z` (N, V) predicting `y` (N,), float64 on z's device: log-likelihood,
-    1-based rank, entropy, and mean / variance of log p under the reference distribution q (q = p without `ref`)."""
+    1-based rank, entropy, mean / variance of log p under the reference distribution q (q = p without `ref`), and
+    log S = -log max_v p(v), the loss of the most likely token (DNA-DetectLLM's repaired token)."""
     import torch
     z = z.float()
     zy = z.gather(-1, y[:, None])[:, 0]
@@ -47,11 +48,11 @@ def _position_stats(z, y, ref=None):
         wzc = w.mul_(zc)
         Ewz = wzc.sum(-1).double() / W
     Ewz2 = wzc.mul_(zc).sum(-1).double() / W
-    return ll, rk, ent, Ewz - logS, Ewz2 - Ewz * Ewz             # mu = E_q[log p]; var = Var_q[log p] (shift-invariant)
+    return ll, rk, ent, Ewz - logS, Ewz2 - Ewz * Ewz, logS       # mu = E_q[log p]; var = Var_q[log p] (shift-invariant)
 
 # %% ../nbs/20_detectors.ipynb #725cf4fe
 def _row_arrays(logits, ids, ref_logits=None, width: int | None = None):
-    """`_position_stats` of every position of a right-padded batch: a (5, R, L) float64 tensor. Position t predicts
+    """`_position_stats` of every position of a right-padded batch: a (6, R, L) float64 tensor. Position t predicts
     ids[:, t + 1] (the last position's label is a placeholder: only its entropy and mu are read). The positions are
     taken in blocks of `width` columns of every row (at most 2**27 logits a block: a function of the batch shape alone),
     so every block of a batch shape has the same shape. `logits` may be a tensor or `HeadLogits`."""
@@ -59,7 +60,7 @@ def _row_arrays(logits, ids, ref_logits=None, width: int | None = None):
     R, L, V = logits.shape
     if width is None: width = max(1, min(64, (1 << 27) // max(1, R * V)))
     labels = torch.cat([ids[:, 1:], ids[:, :1]], 1).to(logits.device)
-    out = torch.empty((5, R, L), dtype=torch.float64, device=logits.device)
+    out = torch.empty((6, R, L), dtype=torch.float64, device=logits.device)
     for s in range(0, L, width):
         blk = logits[:, s:s + width]
         w = blk.shape[1]
@@ -83,19 +84,21 @@ def panel_batch(logits, ids, lengths, pad_id=None) -> list:
     """Panel statistics of each row of a right-padded batch (logits (R, L, V) of ids (R, L); row r has lengths[r] real
     tokens), computed on the logits' device; only per-row scalars leave it."""
     import torch
-    ll, rk, ent, mu, var = _row_arrays(logits, ids)
+    ll, rk, ent, mu, var, fix = _row_arrays(logits, ids)
     pred, keep = _row_masks(ids.to(logits.device), lengths, pad_id)
     T = pred.sum(1)
     s_ll = (ll * pred).sum(1)
     m_ll, m_lr = s_ll / T, (rk.log() * pred).sum(1) / T
     h_mean = (ent * keep).sum(1) / keep.sum(1).clamp(min=1)     # Binoculars (one model): every input position
     res = torch.stack([T, m_ll, m_lr, (rk * pred).sum(1) / T, (ent * pred).sum(1) / T,
-                       (s_ll - (mu * pred).sum(1)) / (var * pred).sum(1).sqrt(), -m_ll / h_mean]).cpu().tolist()
+                       (s_ll - (mu * pred).sum(1)) / (var * pred).sum(1).sqrt(), -m_ll / h_mean,
+                       (-m_ll + (fix * pred).sum(1) / T) / (2 * h_mean)]).cpu().tolist()
     out = []
-    for T_, a, b, c, d, f, g in zip(*res):
+    for T_, a, b, c, d, f, g, k in zip(*res):
         out.append({"n_tokens": int(T_), "ll": a, "logrank": b, "rank": c, "entropy": d,
                     "lrr": -a / b if b > 0 else math.inf,             # every token ranked first: the ratio's limit
-                    "fdg": f, "binoculars_single": g})
+                    "fdg": f, "binoculars_single": g,
+                    "dna_detectllm": k})   # DNA-DetectLLM with one model in both roles (27_dna_detectllm)
     return out
 
 # %% ../nbs/20_detectors.ipynb #2aaf3242
@@ -103,7 +106,7 @@ def binoculars_batch(obs_logits, perf_logits, ids, lengths, pad_id=None) -> list
     """Binoculars (Hans et al. 2024) of each row: performer log-perplexity / observer-to-performer cross-perplexity,
     in nats. The cross term is -E_observer[log p_performer], the panel's `mu` with the observer as q: the same float64
     accumulation."""
-    ll, _, _, mu, _ = _row_arrays(perf_logits, ids, ref_logits=obs_logits)
+    ll, _, _, mu, _, _ = _row_arrays(perf_logits, ids, ref_logits=obs_logits)
     pred, keep = _row_masks(ids.to(perf_logits.device), lengths, pad_id)
     b = ((-ll * pred).sum(1) / pred.sum(1)) / ((-mu * keep).sum(1) / keep.sum(1))
     return b.cpu().tolist()
@@ -173,7 +176,7 @@ def _panel_of_ids(lm, id_lists: list, caps: list, budget: int, granule: int = 64
 
 def panel_from_logits(logits, labels, ref_logits=None, chunk: int = 8) -> dict:
     "Likelihood-family statistics from scoring logits (T, V) predicting `labels` (T,); reference logits optional."
-    ll, rk, ent, mu, var = (a.cpu() for a in _position_stats(logits, labels, ref_logits))
+    ll, rk, ent, mu, var, _ = (a.cpu() for a in _position_stats(logits, labels, ref_logits))
     m_ll, m_lr = float(ll.mean()), float(rk.log().mean())
     return {"n_tokens": int(labels.shape[0]), "ll": m_ll, "logrank": m_lr, "rank": float(rk.mean()),
             "entropy": float(ent.mean()), "lrr": -m_ll / m_lr if m_lr > 0 else math.inf,

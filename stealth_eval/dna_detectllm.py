@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 from .components import DETECTORS, Detector
 from .core import Cache, StealthEvalError, sha256_text
-from .detectors import BinocularsPair, _forward_batches, _identity_of, _log_softmax_list, _row_masks, _window
+from .detectors import BinocularsPair, PanelDetector, _forward_batches, _identity_of, _log_softmax_list, _row_masks, _window
 
 # %% auto #0
-__all__ = ['DNA_VERSION', 'dna_batch', 'dna_reference', 'score_dna', 'DNADetectLLMPair', 'DNADetectLLMSingle']
+__all__ = ['DNA_VERSION', 'DNA_SINGLE', 'dna_batch', 'dna_reference', 'score_dna', 'DNADetectLLMPair']
 
 # %% ../nbs/27_dna_detectllm.ipynb #d7a10006
 DNA_VERSION = "dna-v1"   # bump whenever this computation changes: part of every cache key of both detectors
@@ -149,24 +149,11 @@ class DNADetectLLMPair(BinocularsPair):
     def compute(self, texts: list, cfg: dict, cache) -> dict:
         return score_dna(texts, cfg, cache, cfg["binoculars_observer"], cfg["binoculars_performer"], self.window_of(cfg))
 
-@dataclass(frozen=True, kw_only=True)
-class DNADetectLLMSingle(Detector):
-    "DNA-DetectLLM with one model (the run's `scoring_model`) as observer and performer: an offline stand-in."
-    name: str = "dna_detectllm_single"
-    family: str = "zero-shot ratio"
-    stat: str = "dna_detectllm"
-    direction: int = -1
-    label: str = "DNA-1"
-    stands_in_for: str = "dna_detectllm"
-    reference: str = _DNA_REF + "; one model as observer and performer (not the paper's pair); 1024-token window"
-    window: object = 1024
-
-    def window_of(self, cfg: dict) -> int:
-        return _window((cfg.get("score_windows") or {}).get(self.name, self.window), cfg["scoring_model"], cfg)
-    def source(self, cfg: dict) -> tuple: return ("dna_detectllm", cfg["scoring_model"], cfg["scoring_model"], self.window_of(cfg))
-    def model(self, cfg: dict) -> str: return _identity_of(cfg["scoring_model"], cfg)
-    def compute(self, texts: list, cfg: dict, cache) -> dict:
-        return score_dna(texts, cfg, cache, cfg["scoring_model"], cfg["scoring_model"], self.window_of(cfg))
+# The stand-in is a statistic of the likelihood panel (20_detectors: `panel_batch` keeps log S, the argmax token's loss,
+# at every position): it shares the panel's forward pass and cache entries instead of running one of its own
+DNA_SINGLE = PanelDetector(name="dna_detectllm_single", family="zero-shot ratio", stat="dna_detectllm", direction=-1,
+                           label="DNA-1", stands_in_for="dna_detectllm", window=1024,
+                           reference=_DNA_REF + "; one model as observer and performer (not the paper's pair); 1024-token window")
 
 DETECTORS.register(DNADetectLLMPair())
-DETECTORS.register(DNADetectLLMSingle())
+DETECTORS.register(DNA_SINGLE)

@@ -175,3 +175,15 @@ def test_listed_and_accepted_by_the_configuration():
     assert p.returncode == 0, p.stderr
     names = next(l for l in p.stdout.splitlines() if l.startswith("detectors:")).split(":", 1)[1].split(", ")
     assert {"dna_detectllm", "dna_detectllm_single"} <= {n.strip() for n in names}
+
+
+def test_single_stand_in_reads_the_panels_forward_pass(models, tmp_path):
+    "The stand-in is a panel statistic: after it, a panel detector with the same window is answered from the cache."
+    from stealth_eval.detectors import PanelDetector
+    single, bino = DETECTORS.get("dna_detectllm_single"), DETECTORS.get("binoculars_single")
+    cfg = _cfg(models, score_windows={"binoculars_single": 1024})
+    assert isinstance(single, PanelDetector) and single.source(cfg) == bino.source(cfg)   # before: its own pass and source
+    cache = Cache(tmp_path / "store")
+    single.compute(TEXTS, cfg, cache)
+    got = bino.compute(TEXTS, cfg, cache)
+    assert cache.stats()["lm_panel"]["hits"] >= len(TEXTS) and all(v is not None for v in got.values())
