@@ -25,7 +25,7 @@ __all__ = ['EXIT_OK', 'EXIT_INTERNAL', 'EXIT_USER', 'EXIT_INTERRUPTED', 'EXIT_TE
            'PREVIOUS_RUN', 'STAGE_TAG', 'INTERRUPT_GRACE_S', 'build_parser', 'check_offline', 'RunInterrupted',
            'StageFailed', 'check_dataset_args', 'usable_dir', 'kernel_problem', 'run_files', 'set_aside_previous_run',
            'stage_notebook', 'InterruptGuard', 'interrupt_guard', 'user_error_names', 'RunLog', 'run_pipeline',
-           'readme_from_index', 'report_main', 'cache_report', 'cache_main', 'main']
+           'readme_from_index', 'report_main', 'cache_report', 'cache_main', 'raid_detector', 'main']
 
 # %% ../nbs/90_run.ipynb #8de8dc29
 EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143   # ok, bug, user error, SIGINT, SIGTERM
@@ -530,6 +530,34 @@ def cache_main(argv) -> int:
         if len(rep["bad"]) > 10: print(f"  ... and {len(rep['bad']) - 10} more (`stealth-eval cache prune` deletes them)")
         return 1
     return EXIT_OK
+
+# %% ../nbs/90_run.ipynb #1bede5f0
+def raid_detector(name: str, profile: str = "embedded", overrides: dict | None = None, cache_dir=None):
+    """A registered detector (or `scores:PATH`) as a function list[str] -> list[float | None] for RAID's `run_detection`:
+    higher = more machine, None where it could not score a text."""
+    from stealth_eval.components import DETECTORS
+    from stealth_eval.config import resolve_config, resolve_device_settings
+    from stealth_eval.core import sha256_text
+    from stealth_eval.engine import run_cache
+    from stealth_eval.score_files import expand_score_specs, register_score_files
+    ov = dict(overrides or {})
+    if cache_dir is not None: ov["cache_dir"] = str(cache_dir)
+    names, files = expand_score_specs([name], ov.get("score_files") or {})
+    if files: ov["score_files"] = files; register_score_files(files)
+    cfg = resolve_device_settings(resolve_config(profile, detectors=names, overrides=ov).to_dict())
+    det = DETECTORS.get(names[0])
+    if det.needs_train_split:
+        raise StealthEvalError(f"raid_detector({name!r}): trained on a run's training split, which exists only inside a run; "
+                               f"run stealth-eval on a RAID dataset and submit its raid_predictions/ file")
+    why = det.unavailable(cfg)
+    if why: raise StealthEvalError(f"raid_detector({name!r}): cannot run here: {why}")
+    cache = run_cache(cfg)
+    def detect(texts: list) -> list:
+        texts = [t if isinstance(t, str) else "" for t in texts]
+        st = det.compute(texts, cfg, cache) if texts else {}
+        return [None if st.get(sha256_text(t)) is None else float(det.direction * det.raw(st[sha256_text(t)])) for t in texts]
+    detect.__name__ = detect.__qualname__ = names[0]
+    return detect
 
 # %% ../nbs/90_run.ipynb #c9e263fd
 def _resume_line(where: str, argv: list, args, signum: int = signal.SIGINT) -> str:

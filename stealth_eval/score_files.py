@@ -15,7 +15,7 @@ from .core import StealthEvalError, file_sha256, get_logger, sha256_text
 
 # %% auto #0
 __all__ = ['SCORE_FILE_SUFFIXES', 'SCORES_PREFIX', 'RAID_PREFIX', 'read_score_file', 'ScoreFileDetector', 'expand_score_specs',
-           'register_score_files', 'raid_predictions', 'write_raid_predictions', 'raid_detector']
+           'register_score_files', 'raid_predictions', 'write_raid_predictions']
 
 # %% ../nbs/24_score_files.ipynb #5b1f50fc
 SCORE_FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
@@ -177,28 +177,3 @@ def write_raid_predictions(out_dir, scores) -> list:
         p = Path(out_dir) / "raid_predictions" / ds / (det.replace(":", "_") + ".json")
         written.append(atomic_write_text(p, json.dumps(rows, ensure_ascii=False, indent=0) + "\n"))
     return written
-
-# %% ../nbs/24_score_files.ipynb #1bede5f0
-def raid_detector(name: str, profile: str = "embedded", overrides: dict | None = None, cache_dir=None):
-    """A registered detector (or `scores:PATH`) as a function list[str] -> list[float | None] for RAID's `run_detection`:
-    higher = more machine, None where it could not score a text."""
-    from stealth_eval.config import resolve_config, resolve_device_settings
-    from stealth_eval.engine import run_cache
-    ov = dict(overrides or {})
-    if cache_dir is not None: ov["cache_dir"] = str(cache_dir)
-    names, files = expand_score_specs([name], ov.get("score_files") or {})
-    if files: ov["score_files"] = files; register_score_files(files)
-    cfg = resolve_device_settings(resolve_config(profile, detectors=names, overrides=ov).to_dict())
-    det = DETECTORS.get(names[0])
-    if det.needs_train_split:
-        raise StealthEvalError(f"raid_detector({name!r}): trained on a run's training split, which exists only inside a run; "
-                               f"run stealth-eval on a RAID dataset and submit its raid_predictions/ file")
-    why = det.unavailable(cfg)
-    if why: raise StealthEvalError(f"raid_detector({name!r}): cannot run here: {why}")
-    cache = run_cache(cfg)
-    def detect(texts: list) -> list:
-        texts = [t if isinstance(t, str) else "" for t in texts]
-        st = det.compute(texts, cfg, cache) if texts else {}
-        return [None if st.get(sha256_text(t)) is None else float(det.direction * det.raw(st[sha256_text(t)])) for t in texts]
-    detect.__name__ = detect.__qualname__ = names[0]
-    return detect

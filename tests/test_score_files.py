@@ -93,7 +93,7 @@ def test_raid_detector_runs_under_raids_own_run_detection(tmp_path):
     "A detector handed to raid-bench's `run_detection` writes RAID's records: its ids, RAID's direction, NaN where unscored."
     raid = pytest.importorskip("raid", reason="raid-bench is installed by `make install` (pip --no-deps raid-bench==0.2.0)")
     from stealth_eval.core import sha256_text
-    from stealth_eval.score_files import raid_detector
+    from stealth_eval.run import raid_detector
     texts = ["first machine text", "a human wrote this", "not in the file"]
     f = tmp_path / "lower_is_ai.jsonl"
     f.write_text("".join(json.dumps({"text_sha256": sha256_text(t), "score": s, "direction": -1}) + "\n" for t, s in zip(texts, (0.5, 4.0))))
