@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .components import DETECTORS, Detector
 from .core import Cache, StealthEvalError, sha256_text
-from .detectors import BinocularsPair, PanelDetector, _forward_batches, _identity_of, _log_softmax_list, _row_masks, _window
+from .detectors import BinocularsPair, PanelDetector, _position_stats, _row_arrays, _forward_batches, _identity_of, _log_softmax_list, _row_masks, _window
 
 # %% auto #0
 __all__ = ['DNA_VERSION', 'DNA_SINGLE', 'dna_batch', 'dna_reference', 'score_dna', 'DNADetectLLMPair']
@@ -19,47 +19,20 @@ __all__ = ['DNA_VERSION', 'DNA_SINGLE', 'dna_batch', 'dna_reference', 'score_dna
 DNA_VERSION = "dna-v1"   # bump whenever this computation changes: part of every cache key of both detectors
 
 def _dna_terms(z, y, ref=None):
-    """Per-position terms of logits `z` (N, V) predicting `y` (N,), float64 on z's device: -log p(y), the repaired
-    token's loss -log max_v p(v), and the cross-entropy -E_q[log p] with q = softmax(ref) (q = p without `ref`)."""
-    import torch
-    z = z.float()
-    mx = z.amax(-1)
-    zc = z - mx[:, None]
-    e = torch.exp(zc)
-    S = e.sum(-1).double(); logS = S.log()                     # float32 sums, combined in float64
-    nll = logS - (z.gather(-1, y[:, None])[:, 0] - mx).double()
-    if ref is None: w, W = e, S                                # one model in both roles: p's own entropy
-    else:
-        r = ref.float()
-        w = torch.exp(r - r.amax(-1, keepdim=True)); W = w.sum(-1).double()
-    xent = logS - w.mul_(zc).sum(-1).double() / W
-    return nll, logS, xent                                     # -log p(argmax) = log sum exp(z - max z) = logS
+    """Per-position terms of logits `z` (N, V) predicting `y` (N,), float64: -log p(y), the repaired token's loss
+    -log max_v p(v) = log sum exp(z - max z), and the cross-entropy -E_q[log p] (q = softmax(ref), or p without `ref`).
+    All three are the panel's `detectors._position_stats` (-ll, log S, -mu): one accumulation, not a second copy."""
+    ll, _, _, mu, _, logS = _position_stats(z, y, ref)
+    return -ll, logS, -mu
 
 # %% ../nbs/27_dna_detectllm.ipynb #d7a10009
-def _dna_arrays(logits, ids, ref_logits=None, width: int | None = None):
-    """`_dna_terms` of every position of a right-padded batch: a (3, R, L) float64 tensor. Position t predicts
-    ids[:, t + 1] (the last position's label is a placeholder: only its cross-entropy is read). Blocks of `width`
-    columns of every row (at most 2**27 logits a block: a function of the batch shape alone), as `detectors._row_arrays`;
-    `logits` may be a tensor or `HeadLogits`."""
-    import torch
-    R, L, V = logits.shape
-    if width is None: width = max(1, min(64, (1 << 27) // max(1, R * V)))
-    labels = torch.cat([ids[:, 1:], ids[:, :1]], 1).to(logits.device)
-    out = torch.empty((3, R, L), dtype=torch.float64, device=logits.device)
-    for s in range(0, L, width):
-        blk = logits[:, s:s + width]
-        w = blk.shape[1]
-        ref = None if ref_logits is None else ref_logits[:, s:s + w].reshape(R * w, V)
-        for k, a in enumerate(_dna_terms(blk.reshape(R * w, V), labels[:, s:s + w].reshape(R * w), ref)):
-            out[k, :, s:s + w] = a.view(R, w)
-    return out
-
 def dna_batch(obs_logits, perf_logits, ids, lengths, pad_id=None) -> list:
     """DNA-DetectLLM of each row of a right-padded batch (logits (R, L, V) of ids (R, L); row r has lengths[r] real
     tokens; `obs_logits` None: the performer in both roles), computed on the performer logits' device; only per-row
     scalars leave it: {'dna_detectllm', 'log_ppl', 'log_ppl_repaired', 'x_ppl', 'n_tokens'}, in nats."""
     import torch
-    nll, fixed, xent = _dna_arrays(perf_logits, ids, ref_logits=obs_logits)
+    ll, _, _, mu, _, fixed = _row_arrays(perf_logits, ids, ref_logits=obs_logits)   # the panel's blocks, in float64
+    nll, xent = -ll, -mu
     pred, keep = _row_masks(ids.to(perf_logits.device), lengths, pad_id)
     T = pred.sum(1)
     ppl, ppl_star = (nll * pred).sum(1) / T, (fixed * pred).sum(1) / T
