@@ -20,13 +20,7 @@ from stealth_eval.core import Cache, sha256_text, write_jsonl
 from stealth_eval.humanify import MIRanker, MaskedInfill, content_spans, is_content_word, method_shield, word_spans
 from stealth_eval.models import make_tiny_lm
 
-AI_WORDS = ["government", "minister", "news", "today"]
-HUMAN_WORDS = ["police", "people", "year", "said"]
-FILL = "the a of to and in is was for on that with as by at from it".split()
-
-
-def _doc(rng, words, n=14):
-    return " ".join(rng.choice(words) if i % 2 else rng.choice(FILL) for i in range(n))
+from test_humanify import AI_WORDS, FILL, HUMAN_WORDS, _doc   # the same toy vocabulary as the SHIELD tests
 
 
 def _train_records():
