@@ -23,10 +23,10 @@ __all__ = ['EMBEDDED_LMS', 'LOADS', 'ENCODE_VERSION', 'E5_CONVENTION', 'SAMPLER_
            'convert_gguf', 'LoadedLM', 'offline_mode', 'available_offline', 'resolve_device', 'device_class',
            'device_setting', 'lm_kwargs', 'hub_identity', 'lm_identity', 'load_causal_lm', 'use_gqa_sdpa',
            'load_tokenizer', 'model_max_tokens', 'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches',
-           'default_token_budget', 'scoring_budget', 'pad_batch', 'Embedder', 'encoder_max_tokens', 'EmbedConvention',
-           'embedder_source', 'embedder_convention', 'embedder_identity', 'load_embedder', 'similarities', 'row_seed',
-           'counter_uniform', 'seeded_sample', 'SeededSampler', 'kv_bytes_per_token', 'decode_rows',
-           'iter_continuations', 'sample_continuations', 'chat_prompt_ids', 'chat_generate']
+           'default_token_budget', 'scoring_budget', 'pad_batch', 'rows_alone', 'Embedder', 'encoder_max_tokens',
+           'EmbedConvention', 'embedder_source', 'embedder_convention', 'embedder_identity', 'load_embedder',
+           'similarities', 'row_seed', 'counter_uniform', 'seeded_sample', 'SeededSampler', 'kv_bytes_per_token',
+           'decode_rows', 'iter_continuations', 'sample_continuations', 'chat_prompt_ids', 'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
 def _package_dir(pkg: str) -> Path:
@@ -410,6 +410,23 @@ def pad_batch(seqs: list, rows: int, length: int, pad_id: int):
         s = seqs[r] if r < len(seqs) else seqs[0]
         ids[r, :len(s)] = torch.as_tensor(s, dtype=torch.long); mask[r, :len(s)] = 1
     return ids, mask
+
+# %% ../nbs/02_models.ipynb #e28366bc
+def rows_alone(model):
+    """Make every `nn.Linear` of `model` that reads a 2-D input (one vector per row: pooler, classification head)
+    compute each row as a product of its own; per-token (3-D) inputs stay batched. Returns `model` (changed in place)."""
+    import torch
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear) and "forward" not in vars(m): m.forward = _linear_rows_alone(m)
+    return model
+
+def _linear_rows_alone(m):
+    import torch
+    lin = torch.nn.functional.linear
+    def forward(x):
+        if x.dim() != 2 or x.shape[0] == 1: return lin(x, m.weight, m.bias)
+        return torch.cat([lin(x[i:i + 1], m.weight, m.bias) for i in range(x.shape[0])])
+    return forward
 
 # %% ../nbs/02_models.ipynb #a1a2a82c
 @dataclass

@@ -155,7 +155,7 @@ def load_sequence_classifier(spec: str, device: str = "auto", trust_remote_code:
 def _load_sequence_classifier(spec: str, device: str, trust_remote_code: bool, safetensors_only: bool = True) -> tuple:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging as hf_logging
-    from stealth_eval.models import LOADS, offline_mode
+    from stealth_eval.models import LOADS, offline_mode, rows_alone
     hf_logging.disable_progress_bar()
     LOADS["classifier", spec, device, "float32"] += 1
     src, kw = _classifier_source(spec), dict(trust_remote_code=trust_remote_code, local_files_only=offline_mode())
@@ -167,7 +167,7 @@ def _load_sequence_classifier(spec: str, device: str, trust_remote_code: bool, s
         model = AutoModelForSequenceClassification.from_pretrained(src, use_safetensors=True if safetensors_only else None, **kw)
     except OSError as e:
         raise StealthEvalError(f"could not load classifier {spec!r}: {e}") from e
-    return model.to(device).eval(), tok, device
+    return rows_alone(model.to(device).eval()), tok, device   # per-row head layers: a row's value whatever its batch mates (02_models)
 
 load_sequence_classifier.cache_clear = _load_sequence_classifier.cache_clear
 

@@ -5,8 +5,12 @@ built here: the text scored alone, in a batch of other texts, and after a cache 
 then computed beside other batch mates): the stored values must be identical, not merely close. The batched paths
 (`score_batch_tokens` > 0: padded batches shaped by each text's length) must also agree with one unpadded text per
 forward pass to float rounding (1e-6). Every test runs on the CPU and, where a CUDA device exists, on it too (skipped
-with the reason otherwise: CI has no GPU).
+with the reason otherwise: CI has no GPU). On the CPU each runs under several thread counts and with oneDNN on and off,
+so that it is the mechanism (shapes chosen from the row alone, per-row head layers computed alone: `rows_alone`) and not
+the luck of one CPU's kernels that makes it pass: the classifier test failed on an Intel Xeon before `rows_alone`.
 """
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -20,8 +24,23 @@ from stealth_eval.supervised import ROBERTA_OPENAI, make_tiny_classifier
 WORDS = ("the a of to and in is was for on that with as by at from it he said has be are were its an this news police "
          "government fire people year today minister new will had his after been two more").split()
 TEXTS = [" ".join(WORDS[(7 * i + 3 * j) % len(WORDS)] for j in range(n)) for i, n in enumerate([9, 23, 14, 40, 31, 5, 27, 18])]
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA device here: the batched paths run on the CPU only (CI has no GPU)"))]
+_NO_CUDA = pytest.mark.skipif(not torch.cuda.is_available(),
+                              reason="no CUDA device here: the batched paths run on the CPU only (CI has no GPU)")
+DEVICES = ["cpu", pytest.param("cuda", marks=_NO_CUDA)]
+# (device, torch threads, oneDNN enabled): the CPU under 1, 2 and 3 threads and without oneDNN, and the GPU
+NUMERICS = [pytest.param("cpu", 1, True, id="cpu-1thread"), pytest.param("cpu", 2, True, id="cpu-2threads"),
+            pytest.param("cpu", 3, True, id="cpu-3threads"), pytest.param("cpu", 2, False, id="cpu-no-onednn"),
+            pytest.param("cuda", 0, True, id="cuda", marks=_NO_CUDA)]
+
+
+@contextlib.contextmanager
+def numerics(threads: int, onednn: bool):
+    "Torch's intra-op thread count (0: unchanged) and oneDNN on or off, restored afterwards."
+    before = torch.get_num_threads()
+    if threads: torch.set_num_threads(threads)
+    try:
+        with torch.backends.mkldnn.flags(enabled=onednn): yield
+    finally: torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -58,50 +77,54 @@ def _close(a: dict, b: dict, tol=1e-6):
             else: assert v == b[h][k], (k, v, b[h][k])
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_panel_scores_depend_on_the_text_alone(paths, device, tmp_path):
-    cfg = _cfg(paths, device)
-    alone, together, mixed = _three_ways(lambda ts, c: score_texts(ts, paths["a"], cfg, c), tmp_path)
-    assert alone == together == mixed                          # identical, bit for bit
-    assert sum(v is None for v in alone.values()) == 0 and any(v["truncated"] for v in alone.values())
-    single = score_texts(TEXTS, paths["a"], {**cfg, "score_batch_tokens": 0}, Cache(enabled=False))
-    _close(single, alone, 1e-6 if device == "cpu" else 2e-2)   # batched vs one unpadded text per pass (bf16 on a GPU)
+@pytest.mark.parametrize("device, threads, onednn", NUMERICS)
+def test_panel_scores_depend_on_the_text_alone(paths, device, threads, onednn, tmp_path):
+    with numerics(threads, onednn):
+        cfg = _cfg(paths, device)
+        alone, together, mixed = _three_ways(lambda ts, c: score_texts(ts, paths["a"], cfg, c), tmp_path)
+        assert alone == together == mixed                          # identical, bit for bit
+        assert sum(v is None for v in alone.values()) == 0 and any(v["truncated"] for v in alone.values())
+        single = score_texts(TEXTS, paths["a"], {**cfg, "score_batch_tokens": 0}, Cache(enabled=False))
+        _close(single, alone, 1e-6 if device == "cpu" else 2e-2)   # batched vs one unpadded text per pass (bf16 on a GPU)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_binoculars_pair_depends_on_the_text_alone(paths, device, tmp_path):
-    cfg = _cfg(paths, device)
-    alone, together, mixed = _three_ways(lambda ts, c: score_binoculars_pair(ts, cfg, c, 32), tmp_path)
-    assert alone == together == mixed
-    single = score_binoculars_pair(TEXTS, {**cfg, "score_batch_tokens": 0}, Cache(enabled=False), 32)
-    _close(single, alone, 1e-6 if device == "cpu" else 2e-2)
+@pytest.mark.parametrize("device, threads, onednn", NUMERICS)
+def test_binoculars_pair_depends_on_the_text_alone(paths, device, threads, onednn, tmp_path):
+    with numerics(threads, onednn):
+        cfg = _cfg(paths, device)
+        alone, together, mixed = _three_ways(lambda ts, c: score_binoculars_pair(ts, cfg, c, 32), tmp_path)
+        assert alone == together == mixed
+        single = score_binoculars_pair(TEXTS, {**cfg, "score_batch_tokens": 0}, Cache(enabled=False), 32)
+        _close(single, alone, 1e-6 if device == "cpu" else 2e-2)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_classifier_probabilities_depend_on_the_text_alone(paths, device, tmp_path):
-    cfg = _cfg(paths, device)
-    alone, together, mixed = _three_ways(lambda ts, c: ROBERTA_OPENAI.compute(ts, cfg, c), tmp_path)
-    assert alone == together == mixed
-    _close(ROBERTA_OPENAI.compute(TEXTS, {**cfg, "score_batch_tokens": 0}, Cache(enabled=False)), alone,
-           1e-6 if device == "cpu" else 2e-2)
+@pytest.mark.parametrize("device, threads, onednn", NUMERICS)
+def test_classifier_probabilities_depend_on_the_text_alone(paths, device, threads, onednn, tmp_path):
+    with numerics(threads, onednn):
+        cfg = _cfg(paths, device)
+        alone, together, mixed = _three_ways(lambda ts, c: ROBERTA_OPENAI.compute(ts, cfg, c), tmp_path)
+        assert alone == together == mixed
+        _close(ROBERTA_OPENAI.compute(TEXTS, {**cfg, "score_batch_tokens": 0}, Cache(enabled=False)), alone,
+               1e-6 if device == "cpu" else 2e-2)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_embeddings_depend_on_the_text_alone(device, tmp_path):
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-    vocab = tmp_path / "vocab.txt"
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "query", ":", *dict.fromkeys(WORDS)]))
-    tok = BertTokenizerFast(vocab_file=str(vocab))
-    torch.manual_seed(0)
-    model = BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                 intermediate_size=64)).eval().to(device)
-    batched = _mean_pool_encoder(model, tok, device, "query: ", 512, budget=128, granule=16)
-    single = _mean_pool_encoder(model, tok, device, "query: ", 512, budget=0)
-    together = batched(TEXTS)
-    alone = np.stack([batched([t])[0] for t in TEXTS])
-    shuffled = batched(TEXTS[::-1])[::-1]
-    assert np.array_equal(alone, together) and np.array_equal(shuffled, together)
-    assert np.abs(single(TEXTS) - together).max() <= (1e-6 if device == "cpu" else 2e-2)
+@pytest.mark.parametrize("device, threads, onednn", NUMERICS)
+def test_embeddings_depend_on_the_text_alone(device, threads, onednn, tmp_path):
+    with numerics(threads, onednn):
+        from transformers import BertConfig, BertModel, BertTokenizerFast
+        vocab = tmp_path / "vocab.txt"
+        vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "query", ":", *dict.fromkeys(WORDS)]))
+        tok = BertTokenizerFast(vocab_file=str(vocab))
+        torch.manual_seed(0)
+        model = BertModel(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=64)).eval().to(device)
+        batched = _mean_pool_encoder(model, tok, device, "query: ", 512, budget=128, granule=16)
+        single = _mean_pool_encoder(model, tok, device, "query: ", 512, budget=0)
+        together = batched(TEXTS)
+        alone = np.stack([batched([t])[0] for t in TEXTS])
+        shuffled = batched(TEXTS[::-1])[::-1]
+        assert np.array_equal(alone, together) and np.array_equal(shuffled, together)
+        assert np.abs(single(TEXTS) - together).max() <= (1e-6 if device == "cpu" else 2e-2)
 
 
 @pytest.mark.parametrize("device", DEVICES)
