@@ -22,16 +22,18 @@ __all__ = ['VECTORS', 'VEC_FUNCTIONS', 'SCALAR_FUNCTIONS', 'CORPORA', 'STREAMS_V
            'GHOSTBUSTER_LOCAL', 'vector_combinations', 'expressions', 'evaluate', 'feature_matrix', 'TrigramBackoff',
            'corpus_path', 'corpus_documents', 'corpus_identity', 'ngram_model', 'doc_start_id', 'token_logprobs',
            'align_logprobs', 'word_lengths', 'handcrafted', 'ghostbuster_opts', 'text_streams', 'logistic_newton',
-           'balanced_weights', 'select_features', 'featurize', 'fit_ghostbuster', 'GhostbusterLocal',
-           'train_and_score_ghostbuster']
+           'balanced_weights', 'select_features', 'featurize', 'fit_calibrated', 'predict_model', 'fit_ghostbuster',
+           'GhostbusterLocal', 'train_and_score_ghostbuster']
 
 # %% ../nbs/28_ghostbuster.ipynb #gb000006
 VECTORS = ("scoring", "weak", "trigram", "unigram")   # the reference's davinci, ada, trigram and unigram probabilities
 
 def _safe_div(a, b):
-    "a / b, and 0 where b is 0 (the reference's `np.divide(..., where=b != 0)` into zeros)."
-    out = np.zeros(np.broadcast(a, b).shape)
-    np.divide(a, b, out=out, where=(b != 0))
+    """a / b where b is not 0, else 0, written into an array of a's own type: the reference's
+    `np.divide(a, b, out=np.zeros_like(a), where=b != 0, casting="unsafe")`. After a comparison `a` is a boolean mask,
+    so the quotient is cast back to booleans (True where a is and b is not 0), as the reference computes it."""
+    out = np.zeros_like(a)
+    np.divide(a, b, out=out, where=(b != 0), casting="unsafe")
     return out
 
 VEC_FUNCTIONS = {
@@ -39,8 +41,8 @@ VEC_FUNCTIONS = {
     "v-sub": lambda a, b: a - b,
     "v-mul": lambda a, b: a * b,
     "v-div": _safe_div,
-    "v->": lambda a, b: (a > b).astype(np.float64),
-    "v-<": lambda a, b: (a < b).astype(np.float64),
+    "v->": lambda a, b: a > b,            # booleans, as the reference's: a later v-div keeps them booleans
+    "v-<": lambda a, b: a < b,
 }
 SCALAR_FUNCTIONS = {
     "s-max": lambda x: float(np.max(x)),
@@ -406,24 +408,49 @@ def select_features(F, y, names: list, max_features: int = 20, folds: int = 8, C
             "n_expressions": len(names), "n_fits": n_fits}
 
 # %% ../nbs/28_ghostbuster.ipynb #gb000037
-FIT_VERSION = "ghostbuster-fit-v1"   # bump when the search or the classifier changes: part of the fit's cache key
+FIT_VERSION = "ghostbuster-fit-v2"   # bump when the search or the classifier changes (v2: a comparison then v-div is boolean)
 
 def featurize(stream_list: list, exprs: list) -> np.ndarray:
     "(texts, handcrafted + expressions) float64: the classifier's inputs."
     return np.c_[np.asarray([handcrafted(s) for s in stream_list]).reshape(len(stream_list), len(HANDCRAFTED)),
                  feature_matrix(exprs, stream_list)]
 
+def fit_calibrated(X, y, C: float = 10.0, cv: int = 5) -> dict:
+    """The reference's final model, `CalibratedClassifierCV(LogisticRegression(C=C, penalty="l2", max_iter=10000), cv=5)`
+    on standardised features, kept as numbers: per fold the logistic regression and its sigmoid calibration."""
+    from sklearn.calibration import CalibratedClassifierCV
+    from sklearn.linear_model import LogisticRegression
+    X, y = np.asarray(X, dtype=np.float64), np.asarray(y, dtype=int)
+    mean, scale = X.mean(0), X.std(0)
+    scale[scale == 0] = 1.0
+    k = min(int(cv), int(np.bincount(y, minlength=2).min()))
+    if k < 2: raise StealthEvalError(f"ghostbuster_local: {k} text(s) of the smaller class; the calibrated model needs 2")
+    cal = CalibratedClassifierCV(LogisticRegression(C=C, max_iter=10000), cv=k).fit((X - mean) / scale, y)
+    return {"mean": mean.tolist(), "scale": scale.tolist(), "C": C, "calibration": f"sigmoid, {k}-fold",
+            "folds": [{"coef": c.estimator.coef_[0].tolist(), "intercept": float(c.estimator.intercept_[0]),
+                       "a": float(c.calibrators[0].a_), "b": float(c.calibrators[0].b_)} for c in cal.calibrated_classifiers_]}
+
+def predict_model(m: dict, X) -> np.ndarray:
+    "P(AI) of each row under `fit_calibrated`'s model (the mean of its folds' calibrated probabilities) or `fit_logistic`'s."
+    from scipy.special import expit
+    from stealth_eval.supervised import predict_logistic
+    if "folds" not in m: return predict_logistic(m, X)
+    Z = (np.asarray(X, dtype=np.float64) - np.asarray(m["mean"])) / np.asarray(m["scale"])
+    return np.mean([expit(-(f["a"] * (Z @ np.asarray(f["coef"]) + f["intercept"]) + f["b"])) for f in m["folds"]], axis=0)
+
 def fit_ghostbuster(stream_list: list, y, opts: dict, seed: int = 0) -> dict:
-    """Search the expressions of depth `max_depth` on the training streams, then fit the final logistic regression on
-    the handcrafted features plus the selected ones (`supervised.fit_logistic`: standardised, balanced, C)."""
+    """Search the expressions of depth `max_depth` on the training streams, then fit the final model on the handcrafted
+    features plus the selected ones: `supervised.fit_logistic` (standardised, balanced, C) or, with `calibration`
+    "sigmoid-cv5", the reference's calibrated logistic regression (`fit_calibrated`)."""
     from stealth_eval.supervised import cv_auroc, fit_logistic
     y = np.asarray(y, dtype=int)
     names = expressions(int(opts["max_depth"]))
     sel = select_features(feature_matrix(names, stream_list), y, names, int(opts["max_features"]), int(opts["folds"]),
                           float(opts["C"]), seed)
     X = featurize(stream_list, sel["features"])
-    return {"selection": sel, "model": fit_logistic(X, y, float(opts["C"])),
-            "cv_auroc": cv_auroc(X, y, float(opts["C"]), seed=seed)}
+    C = float(opts["C"])
+    model = fit_calibrated(X, y, C) if opts.get("calibration") == "sigmoid-cv5" else fit_logistic(X, y, C)
+    return {"selection": sel, "model": model, "cv_auroc": cv_auroc(X, y, C, seed=seed)}
 
 # %% ../nbs/28_ghostbuster.ipynb #gb000038
 def _unavailable(cfg: dict) -> str:
@@ -478,7 +505,7 @@ def train_and_score_ghostbuster(texts: list, cfg: dict, cache: Cache) -> dict:
     score `texts`: sha256(text) -> {'p_ai', 'n_tokens_input', 'truncated'} or None."""
     import sklearn
     from stealth_eval.detectors import _identity_of
-    from stealth_eval.supervised import predict_logistic, training_set
+    from stealth_eval.supervised import training_set
     opts = ghostbuster_opts(cfg)
     tr_texts, y, counts = training_set(cfg, exclude={sha256_text(t) for t in texts})
     train_hash = stable_hash([[sha256_text(t), int(l)] for t, l in zip(tr_texts, y)])
@@ -503,12 +530,13 @@ def train_and_score_ghostbuster(texts: list, cfg: dict, cache: Cache) -> dict:
         "detector": "ghostbuster_local", "identity": identity, "settings": opts, "models": idents,
         "streams": {"scoring": cfg["scoring_model"], "weak": opts["weak_model"], "trigram/unigram": opts["corpus"],
                     "tokens": f"the scoring model's, first {cfg['score_max_tokens']}"},
-        "model": f"logistic regression, L2, C={opts['C']:g}, balanced class weights, scikit-learn {sklearn.__version__} lbfgs, "
-                 "features standardised on the training set",
+        "model": (f"CalibratedClassifierCV(LogisticRegression(C={opts['C']:g}, L2), cv=5) as the reference, scikit-learn {sklearn.__version__}, "
+                  if opts.get("calibration") == "sigmoid-cv5" else
+                  f"logistic regression, L2, C={opts['C']:g}, balanced class weights, scikit-learn {sklearn.__version__} lbfgs, ") + "features standardised on the training set",
         "selection": fit["selection"], "training": fit["training"], "train_sha256": train_hash, "cv_auroc_5fold": fit["cv_auroc"]})
     st = text_streams(list(texts), cfg, cache)
     out = {}
     for h, s in st.items():
-        out[h] = None if s is None else {"p_ai": float(predict_logistic(fit["model"], featurize([s], fit["selection"]["features"]))[0]),
+        out[h] = None if s is None else {"p_ai": float(predict_model(fit["model"], featurize([s], fit["selection"]["features"]))[0]),
                                          "n_tokens_input": s["n_tokens_input"], "truncated": bool(s["truncated"])}
     return out

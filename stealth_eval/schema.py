@@ -218,11 +218,16 @@ class GhostbusterLocal(Section):
     weak_model: str = setting("smollm2-135m-instruct", "the second, weaker LM (the paper's ada; scoring_model is its davinci)")
     corpus: str = setting("gensim_enwiki", "n-gram corpus (the paper's Brown): gensim's English Wikipedia sample",
                           choices="gensim_enwiki", allowed="gensim_enwiki")
-    max_depth: int = setting(3, "expression depth of the feature search (reference: 3, 2,534 expressions)", "count",
-                             at_most=(3, "depth 4 has 19,635 expressions, each a column of the search"))
+    max_depth: int = setting(3, "expression depth of the feature search (the paper and `generate_symbolic_data(max_depth=3)`: "
+                             "2,534 expressions; 4: 19,635, the search whose features train.py reads at 01b4a69 and 27174d9, "
+                             "about 8 times the cost)", "count", at_most=(4, "depth 5 has over 150,000 expressions, each a column of the search"))
     max_features: int = setting(20, "most features forward selection adds (reference: until none improves)", "count")
     folds: int = setting(8, "folds of the selection's cross-validated accuracy (reference: 8)", "count")
-    C: float = setting(10.0, "inverse regularisation strength of every logistic regression (reference: 10)", "positive")
+    C: float = setting(10.0, "inverse regularisation strength of every logistic regression (train.py at 01b4a69: 10; "
+                       "at 27174d9: scikit-learn's default 1)", "positive")
+    calibration: str = setting("none", "the final model: none (a balanced logistic regression; thresholds come from human "
+                               "texts) or sigmoid-cv5 (train.py at both commits: CalibratedClassifierCV, 5 folds, unweighted)",
+                               choices="none|sigmoid-cv5", allowed="none or sigmoid-cv5")
 
     def check(self):
         if self.folds < 2: raise SettingsError(f"ghostbuster_local.folds={self.folds}: must be at least 2")

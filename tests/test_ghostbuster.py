@@ -1,6 +1,7 @@
 """Ghostbuster with local LMs (stealth_eval.ghostbuster): the feature vector against a float64 computation written out,
 training on a separable set, the skip without a training split, and the command line's view of it. Tiny models only."""
 import math
+import re
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -78,12 +79,14 @@ def ngram_reference(docs, V, q, delta=0.9):
 
 
 def expression_reference(expr, st):
-    "One expression over python lists."
+    """One expression over python lists, by the reference's rules: a comparison gives booleans, and a division writes
+    into a value of its numerator's type (`np.zeros_like(a)`, casting="unsafe"), so a boolean divided stays boolean."""
     ops = {"v-add": lambda a, b: a + b, "v-sub": lambda a, b: a - b, "v-mul": lambda a, b: a * b,
-           "v-div": lambda a, b: a / b if b != 0 else 0.0, "v->": lambda a, b: float(a > b), "v-<": lambda a, b: float(a < b)}
+           "v-div": lambda a, b: type(a)(a / b) if b != 0 else type(a)(0), "v->": lambda a, b: a > b, "v-<": lambda a, b: a < b}
     w = expr.split(" ")
     cur = [float(x) for x in st[w[0]]]
     for i in range(1, len(w) - 1, 2): cur = [ops[w[i]](a, b) for a, b in zip(cur, st[w[i + 1]])]
+    cur = [float(x) for x in cur]
     mean = sum(cur) / len(cur)
     top = sorted(cur, reverse=True)[:25]
     return {"s-max": max(cur), "s-min": min(cur), "s-avg": mean, "s-avg-top-25": sum(top) / len(top), "s-len": float(len(cur)),
@@ -153,6 +156,9 @@ def test_training_on_a_separable_set_reaches_auroc_1_and_is_deterministic():
         p = predict_logistic(fit["model"], gb.featurize(s, fit["selection"]["features"]))
         assert roc_auc_score(lab, p) == 1.0
     assert gb.fit_ghostbuster(tr, y, opts, seed=0) == fit                      # same seed: the same fit, bit for bit
+    cal = gb.fit_ghostbuster(tr, y, {**opts, "max_depth": 2, "calibration": "sigmoid-cv5"}, seed=0)   # the reference's wrapper
+    assert len(cal["model"]["folds"]) == 5
+    assert roc_auc_score(ev_y, gb.predict_model(cal["model"], gb.featurize(ev, cal["selection"]["features"]))) == 1.0
 
 
 def test_selection_refuses_a_class_too_small_to_fold():
@@ -176,6 +182,25 @@ def test_listed_and_its_settings_checked():
     assert "classifier" in row and "higher = AI" in row and "Verma et al." in row
     cfg = resolve_config("embedded", detectors=["ghostbuster_local"])
     assert cfg.detectors == ["ghostbuster_local"] and cfg.ghostbuster_local.weak_model == "smollm2-135m-instruct"
-    for bad in ({"ghostbuster_local.folds": 1}, {"ghostbuster_local.max_depth": 4}, {"ghostbuster_local.corpus": "brown"}):
+    assert resolve_config("embedded", overrides={"ghostbuster_local.max_depth": 4}).ghostbuster_local.max_depth == 4   # train.py's search
+    for bad in ({"ghostbuster_local.folds": 1}, {"ghostbuster_local.max_depth": 5}, {"ghostbuster_local.corpus": "brown"},
+                {"ghostbuster_local.calibration": "isotonic"}):
         with pytest.raises((SettingsError, StealthEvalError)):
             resolve_config("embedded", detectors=["ghostbuster_local"], overrides=bad)
+
+
+def test_every_depth3_expression_follows_the_reference_rule_comparison_then_division_included():
+    """All 2,534 expressions of depth 3 on constructed streams against the written-out reference rule; the 252 chains
+    that divide a comparison's mask (`v->`/`v-<` then `v-div`) are among them, and they are boolean, not quotients."""
+    r = np.random.default_rng(3)
+    st = {v: list(r.uniform(0.01, 0.9, 40)) for v in gb.VECTORS}
+    st["trigram"][5] = 0.0                                    # a zero divisor: the reference's where= keeps 0 there
+    exprs = gb.expressions(3)
+    got = gb.feature_matrix(exprs, [st])[0]
+    want = [expression_reference(e, st) for e in exprs]
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    masked = [i for i, e in enumerate(exprs) if re.search(r"v-[<>] \S+ v-div", e)]
+    assert len(masked) == 252
+    assert set(np.unique(got[[i for i in masked if exprs[i].endswith("s-max")]])) <= {0.0, 1.0}
+    e = "weak v-> scoring v-div trigram s-max"
+    assert got[exprs.index(e)] == 1.0                         # a float quotient would be 1 / min(trigram) > 1
