@@ -25,8 +25,9 @@ __all__ = ['EMBEDDED_LMS', 'LOADS', 'ENCODE_VERSION', 'E5_CONVENTION', 'SAMPLER_
            'load_tokenizer', 'model_max_tokens', 'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches',
            'default_token_budget', 'scoring_budget', 'pad_batch', 'rows_alone', 'Embedder', 'encoder_max_tokens',
            'EmbedConvention', 'embedder_source', 'embedder_convention', 'embedder_identity', 'load_embedder',
-           'similarities', 'row_seed', 'counter_uniform', 'seeded_sample', 'SeededSampler', 'kv_bytes_per_token',
-           'decode_rows', 'iter_continuations', 'sample_continuations', 'chat_prompt_ids', 'chat_generate']
+           'similarities', 'row_seed', 'counter_uniform', 'seeded_sample', 'SeededSampler', 'kv_cache_arg',
+           'kv_cache_of', 'kv_bytes_per_token', 'decode_rows', 'iter_continuations', 'sample_continuations',
+           'chat_prompt_ids', 'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
 def _package_dir(pkg: str) -> Path:
@@ -720,6 +721,16 @@ def _eos_ids(lm) -> list:
     eos = getattr(lm.model.generation_config, "eos_token_id", None)
     return sorted({*(eos if isinstance(eos, list) else [eos] if eos is not None else []), lm.tokenizer.eos_token_id} - {None})
 
+# %% ../nbs/02_models.ipynb #883df97b
+def kv_cache_arg(model) -> str:
+    "The keyword under which `model.forward` takes the key-value cache: `cache` (newer transformers) or `past_key_values`."
+    import inspect
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+def kv_cache_of(out):
+    "The key-value cache a forward pass returned: the output's `cache` field where it declares one, else `past_key_values`."
+    return out.cache if "cache" in getattr(out, "__dataclass_fields__", ()) else out.past_key_values
+
 # %% ../nbs/02_models.ipynb #74469f57
 DECODE_CHECK_EVERY = 8   # decode steps between the host's looks at which rows ended (one synchronisation each)
 
@@ -750,7 +761,7 @@ def _decode_batch(lm, jobs, eos_ids, pad, temperature, top_p, processors=(), sto
     hist, i = [], 0                                         # (rows, tokens, 0 kept / 1 EOS / 2 discarded) per step
     with torch.no_grad():
         o = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-        cache, seq = o.past_key_values, ids
+        cache, seq, kv = kv_cache_of(o), ids, kv_cache_arg(lm.model)
         V = o.logits.shape[-1]
         is_eos = torch.zeros(V, dtype=torch.bool, device=dev)
         if any(0 <= e < V for e in eos_ids): is_eos[[e for e in eos_ids if 0 <= e < V]] = True
@@ -776,7 +787,7 @@ def _decode_batch(lm, jobs, eos_ids, pad, temperature, top_p, processors=(), sto
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
             pos = pos[:, -1:] + (~fin).long()[:, None]      # an ended row's position stays put
             if processors: seq = torch.cat([seq, tok[:, None]], 1)   # what a logits processor sees as input_ids
-            o = lm.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+            o = lm.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos, use_cache=True, **{kv: cache})
     rows, toks, codes = torch.stack([torch.cat(x) for x in zip(*hist)]).tolist()   # one copy to the host
     for r, t, c in zip(rows, toks, codes):
         if c == 0: jobs[r]["new"].append(t)

@@ -18,7 +18,7 @@ from .components import METHODS, FunctionMethod
 from .core import (Cache, ComponentUnavailable, StealthEvalError, get_logger, progress, read_jsonl, record_skipped,
                    sha256_text, stable_hash)
 from .data import text_validity
-from .models import row_seed
+from .models import kv_cache_arg, kv_cache_of, row_seed
 
 # %% auto #0
 __all__ = ['PARAPHRASE_PROMPT', 'AUTHORMIST_PROMPT', 'CHENG_SYSTEM_PROMPT', 'POOL_VERSION', 'VLLM_LORA_RANKS',
@@ -600,8 +600,8 @@ def token_guided_generate(lm,                       # LoadedLM (the paraphraser)
     past, new = None, []
     with torch.no_grad():
         for _ in range(max_new_tokens):
-            o = model(input_ids=ids, past_key_values=past, use_cache=True)
-            past = o.past_key_values
+            o = model(input_ids=ids, use_cache=True, **({kv_cache_arg(model): past} if past is not None else {}))
+            past = kv_cache_of(o)
             probs = torch.softmax(o.logits[0, -1].float() / temperature, -1)
             ps, idx = torch.sort(probs, descending=True, stable=True)
             keep = (torch.cumsum(ps, -1) - ps) <= top_p          # the nucleus (Cheng et al.: drop where mass before > top_p)

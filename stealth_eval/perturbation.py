@@ -16,6 +16,7 @@ import numpy as np
 from .components import DETECTORS, Detector
 from .schema import Perturbation
 from .core import Cache, ComponentUnavailable, StealthEvalError, get_logger, progress, sha256_text, stable_hash
+from .models import kv_cache_arg, kv_cache_of
 
 # %% auto #0
 __all__ = ['PERTURB_VERSION', 'PERTURBATION_DEFAULTS', 'MASK', 'T5_KNOB_DEFAULTS', 'DETECTGPT', 'DETECTGPT_D', 'NPR',
@@ -197,8 +198,9 @@ class _HoleyBatch:
         want = list(range(m)) if score else sorted({len(c) - 1 for c in chunks if c})
         with torch.no_grad():
             out = self.lm.model(input_ids=ids.to(dev), attention_mask=self.mask.to(dev), position_ids=pos.to(dev),
-                                past_key_values=self.cache, use_cache=True, logits_to_keep=torch.tensor(want, device=dev))
-        self.cache = out.past_key_values
+                                use_cache=True, logits_to_keep=torch.tensor(want, device=dev),
+                                **({kv_cache_arg(self.lm.model): self.cache} if self.cache is not None else {}))
+        self.cache = kv_cache_of(out)
         lps = [0.0] * self.B
         for r, c in enumerate(chunks):
             if not c: continue

@@ -302,3 +302,33 @@ def test_bf16_stored_generations_are_reused_exactly_and_a_resumed_run_recomputes
     hits = stored.stats()["chat_generate"]["hits"]
     assert 0 < hits < 8 and stored.stats()["chat_generate"]["misses"] == 8 - hits
     assert M.chat_generate(lm, msgs, seeds, stored, max_new_tokens=20, temperature=0.9, top_p=0.95, batch_size=5) == rerun
+
+
+def test_the_cache_carrying_loops_raise_no_deprecation_warning(tiny):
+    """The decode loop, M2's token-guided decoding and the perturbation fills' KV cache pass the cache under the name
+    the installed transformers takes (`cache` since the rename, `past_key_values` before): no deprecation warning,
+    neither through `warnings` nor through transformers' logger (its once-only memory cleared first, so an earlier test
+    cannot hide one)."""
+    import logging
+    import warnings
+    import transformers
+    from transformers.utils import logging as hf_logging
+    from stealth_eval.perturbation import _HoleyBatch
+    hf_logging.warning_once.cache_clear()
+    records = []
+    handler = logging.Handler(); handler.emit = records.append
+    hf_logging.get_logger("transformers").addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            lm = M.load_causal_lm(tiny, device="cpu")
+            p = _prompts(lm, 3)
+            M.sample_continuations(lm, p, [1, 2, 3], max_new_tokens=[6, 4, 9], min_new_tokens=0, temperature=0.9,
+                                   top_p=0.95, batch_size=3)
+            P.token_guided_generate(lm, p[0], lambda texts: [float(len(t)) for t in texts], max_new_tokens=3)
+            hb = _HoleyBatch(lm, 2)
+            hb.feed([p[0], p[1]]); hb.feed([[5], []], score=True)
+    finally:
+        hf_logging.get_logger("transformers").removeHandler(handler)
+    said = [str(w.message) for w in caught] + [r.getMessage() for r in records]
+    assert not [s for s in said if "past_key_values" in s or "cache_params" in s], (transformers.__version__, said)
