@@ -14,8 +14,9 @@ from .detectors import _forward_batches, _identity_of, _log_softmax_list, _windo
 from .schema import Lastde
 
 # %% auto #0
-__all__ = ['LASTDE_VERSION', 'diversity_entropy', 'lastde_of_sequence', 'lastde_batch', 'lastde_min_tokens', 'lastde_params',
-           'text_uniforms', 'lastde_rows', 'lastde_scores', 'LastdeDetector', 'lastde_reference', 'make_sharp_tiny_lm']
+__all__ = ['LASTDE_VERSION', 'LASTDE_BLOCKS', 'diversity_entropy', 'lastde_of_sequence', 'lastde_batch', 'lastde_min_tokens',
+           'lastde_params', 'text_uniforms', 'lastde_rows', 'lastde_scores', 'LastdeDetector', 'lastde_reference',
+           'make_sharp_tiny_lm']
 
 # %% ../nbs/26_lastde.ipynb #1e6bfd89
 def _cosine(a: list, b: list) -> float:
@@ -80,9 +81,18 @@ def lastde_min_tokens(s: int, epsilon: float, tau_prime: int) -> int:
 # %% ../nbs/26_lastde.ipynb #8f9fcd75
 LASTDE_VERSION = "lastde-v1"   # bump whenever the computation changes: it is part of every cache key
 
+# Lastde's (s, epsilon, tau') in the reference README's tables: open-source generators (white- and black-box) and the
+# closed-source table (GPT-4-Turbo, GPT-4o, Claude-3-Haiku, scored by GPT-J). Lastde++ reads 4, 8n, 10 in both tables
+# (`pp_*`: the scripts' 15 by default).
+LASTDE_BLOCKS = {"open-source": {"embed_size": 3, "epsilon": 10.0, "tau_prime": 5},
+                 "closed-source": {"embed_size": 3, "epsilon": 1.0, "tau_prime": 15}}
+
 def lastde_params(cfg: dict) -> dict:
-    "The `lastde` settings section (schema `Lastde`): defaults overridden by the config, checked."
-    return Lastde.from_dict(cfg.get("lastde") or {}).to_dict()
+    """The `lastde` settings section (schema `Lastde`), checked: defaults overridden by the config, and Lastde's
+    values the user left unset taken from its `block`."""
+    d = Lastde.from_dict(cfg.get("lastde") or {}).to_dict()
+    block = LASTDE_BLOCKS[d.pop("block")]
+    return {k: block[k] if v is None and k in block else v for k, v in d.items()}
 
 def text_uniforms(h: str, seed: int, n: int, k: int):
     "The (n, k) float64 uniforms of the text with sha256 `h`: its own CPU generator, seeded from `h` and the run's seed."

@@ -271,9 +271,15 @@ class Perturbation(Section):
 @section("lastde")
 class Lastde(Section):
     "Lastde / Lastde++ (26_lastde): the reference's hyper-parameters (Xu et al. 2025, TrustMedia-zju/Lastde_Detector)."
-    embed_size: int = setting(3, "Lastde: orbit (embedding) size s (reference statistic_detect get_lastde: 3)", "count")
-    epsilon: float = setting(10.0, "Lastde: histogram bins on [-1, 1] = int(epsilon x tokens scored) (reference: 10 x n)", "positive")
-    tau_prime: int = setting(5, "Lastde: moving-average scales tau = 1..tau' (reference: 5)", "count")
+    block: str = setting("open-source", "Lastde's hyper-parameters as a block of the reference README: open-source (its white- "
+                         "and black-box tables, texts of open models: s 3, epsilon 10n, tau' 5) or closed-source (its "
+                         "GPT-4-Turbo / GPT-4o / Claude-3-Haiku table, texts of API models: s 3, epsilon 1n, tau' 15)",
+                         choices="open-source|closed-source", allowed="open-source or closed-source")
+    embed_size: int | None = setting(None, "Lastde: orbit (embedding) size s (None: the block's, 3 in both)", "count")
+    epsilon: float | None = setting(None, "Lastde: histogram bins on [-1, 1] = int(epsilon x tokens scored) (None: the "
+                                    "block's, 10 open-source, 1 closed-source)", "positive")
+    tau_prime: int | None = setting(None, "Lastde: moving-average scales tau = 1..tau' (None: the block's, 5 open-source, "
+                                    "15 closed-source)", "count")
     pp_embed_size: int = setting(4, "Lastde++: orbit size s (reference lastde_doubleplus --embed_size 4)", "count")
     pp_epsilon: float = setting(8.0, "Lastde++: bins = int(epsilon x tokens scored) (--epsilon 8)", "positive")
     pp_tau_prime: int = setting(15, "Lastde++: scales 1..tau' (--tau_prime 15, the scripts' value; the README table says 10)", "count")

@@ -161,6 +161,11 @@ def test_registered_and_configurable():
         resolve_config("embedded", detectors=["lastde_pp"], overrides={"lastde.n_samples": 1})
     assert lastde_params({}) == {"embed_size": 3, "epsilon": 10.0, "tau_prime": 5, "pp_embed_size": 4,
                                  "pp_epsilon": 8.0, "pp_tau_prime": 15, "n_samples": 100}
+    closed = resolve_config("embedded", detectors=["lastde"], overrides={"lastde.block": "closed-source"})
+    assert {k: lastde_params(closed)[k] for k in ("embed_size", "epsilon", "tau_prime")} == {"embed_size": 3, "epsilon": 1.0, "tau_prime": 15}
+    assert DETECTORS.get("lastde").source(closed) != DETECTORS.get("lastde").source(cfg)   # another computation, cached apart
+    with pytest.raises(SettingsError, match="lastde.block"):
+        resolve_config("embedded", detectors=["lastde"], overrides={"lastde.block": "gpt-4"})
 
 
 def test_cli_lists_them():
