@@ -176,7 +176,7 @@ def _iter_lastde_of_ids(lm, id_lists: list, caps: list, hashes: list, prm: dict,
 def lastde_scores(texts: list, cfg: dict, cache, max_tokens: int) -> dict:
     """sha256(text) -> the Lastde / Lastde++ entry of the text's first `max_tokens` tokens under the run's
     `scoring_model`, computing only what the cache lacks, in device batches stored as they finish."""
-    from stealth_eval.models import load_causal_lm, load_tokenizer, lm_kwargs, model_max_tokens, scoring_budget
+    from stealth_eval.models import load_causal_lm, load_tokenizer, lm_kwargs, model_max_tokens, resolve_device, scoring_budget
     spec, prm, seed = cfg["scoring_model"], lastde_params(cfg), int(cfg.get("seed", 0))
     uniq = {sha256_text(t): t for t in texts}
     if not uniq: return {}
@@ -184,8 +184,12 @@ def lastde_scores(texts: list, cfg: dict, cache, max_tokens: int) -> dict:
     ids = dict(zip(uniq, tok(list(uniq.values()), truncation=False).input_ids))
     W = min(int(max_tokens), model_max_tokens(spec, trust_remote_code=cfg.get("trust_remote_code", False)))
     identity = _identity_of(spec, cfg)
+    # Padded batches (a token budget) and one unpadded text per pass give float32 logits that differ in their last bits,
+    # which Lastde++'s 8n-bin histogram can amplify to 5e-3 relative: the two are cached apart, so a cached value always
+    # equals what this run's batching recomputes (batch mates never matter: batches are shaped by each text's length).
+    padded = scoring_budget(cfg, resolve_device(cfg.get("device", "auto")))[0] > 0
     keys = {h: cache.key("lastde", model=identity, text=h, scored_tokens=min(len(ids[h]), W), params=prm, seed=seed,
-                         version=LASTDE_VERSION) for h in uniq}
+                         padded=padded, version=LASTDE_VERSION) for h in uniq}
     def compute(todo):
         lm = load_causal_lm(spec, **lm_kwargs(cfg))
         budget, granule = scoring_budget(cfg, lm.device)

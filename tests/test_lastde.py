@@ -193,3 +193,19 @@ def test_detectors_stage_rows(sharp, tmp_path):
     ok = scores.loc[("lastde_pp", "s0")]
     assert ok["valid"] and ok["detector_score_ai"] == ok["detector_score_raw"] and ok["detector_family"] == "curvature"
     assert scores.loc[("lastde", "s1"), "score_window"] == 128                 # window "model": the tiny LM's positions
+
+
+def test_padded_and_unpadded_passes_are_cached_apart_and_agree_to_what_holds(sharp, tmp_path):
+    """A padded batch and one unpadded text per pass differ in float32's last bits, which Lastde++'s histogram can
+    amplify (5e-3 relative seen on Gemma): each batching has its own cache entries, so a cached value always equals its
+    recomputation under the run's own batching; Lastde itself agrees to 1e-6 and Lastde++ to 5e-3."""
+    texts = [" ".join(WORDS[i:i + k]) for i, k in ((0, 22), (3, 26))]
+    cache = Cache(tmp_path / "c")
+    padded = lastde_scores(texts, _cfg(sharp["path"]), cache, 128)
+    single = lastde_scores(texts, _cfg(sharp["path"], score_batch_tokens=0), cache, 128)
+    assert cache.stats()["lastde"] == {"hits": 0, "misses": 4}
+    for h in padded:
+        assert rel_close(single[h]["lastde"], padded[h]["lastde"])
+        assert rel_close(single[h]["lastde_pp"], padded[h]["lastde_pp"], 5e-3)
+    again = lastde_scores(texts, _cfg(sharp["path"], score_batch_tokens=0), cache, 128)
+    assert again == single and cache.stats()["lastde"]["hits"] == 2
