@@ -1,5 +1,11 @@
 """Shared fixtures: end-to-end runs of the real command line on the tiny profile (real offline models, small sample).
 
+The suite runs on two pytest-xdist workers (`make test`: `-n 2`). A run that several test files read is made once per
+test session, whichever worker asks first (`shared_run`: a file lock in the session's common temporary folder; the
+other worker waits for it and reads the same folder), so read-only tests of one configuration share one run. Each
+worker's torch uses one thread (`OMP_NUM_THREADS=1`, set before any test imports torch, and inherited by every run
+the tests start), so two workers share the machine's two cores without oversubscribing them.
+
 The runs use the user's converted models. `tiny_run` keeps its generations and scores in a store of its own: float32
 forward passes differ in their last bits across torch thread counts (see the README's Determinism), so scores cached in
 the user store by another process (an `nbdev_test` kernel, a run with another OMP_NUM_THREADS) would make the
@@ -12,6 +18,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
+
+if os.environ.get("PYTEST_XDIST_WORKER"):   # parallel workers: one torch thread each (numerics of runs are per-thread-count)
+    for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"): os.environ.setdefault(_v, "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
@@ -32,21 +42,69 @@ def nbs_digest():
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((ROOT / "nbs").glob("*.ipynb"))}
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "exclusive: runs with no other test beside it (timing under a known load: "
+                            "the other xdist worker waits between its tests)")
+
+
+@pytest.fixture(autouse=True)
+def _exclusive_or_shared(request, tmp_path_factory):
+    """Under xdist, a test marked `exclusive` holds an exclusive lock that every other test holds shared: it waits for
+    the other worker's current test to end and keeps the next from starting. A turnstile lock taken briefly first by
+    every test keeps a waiting exclusive test from being starved by a stream of shared ones. Without xdist: nothing."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield; return
+    import fcntl
+    root = shared_dir(tmp_path_factory)
+    exclusive = request.node.get_closest_marker("exclusive") is not None
+    with open(root / "exclusive.turnstile", "a") as gate, open(root / "exclusive.lock", "a") as lock:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try: fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally: fcntl.flock(gate, fcntl.LOCK_UN)
+        try: yield
+        finally: fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def shared_dir(tmp_path_factory) -> Path:
+    "The temporary folder every xdist worker of this test session sees (the session's own folder without xdist)."
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def shared_run(tmp_path_factory, name: str, make) -> dict:
+    """`make(folder) -> dict` (JSON-serialisable) run once per test session under a lock, whichever worker asks first;
+    every caller gets the same dict. A failed `make` leaves no record, so each caller sees the failure itself."""
+    root = shared_dir(tmp_path_factory) / "shared_runs"
+    root.mkdir(exist_ok=True)
+    with FileLock(str(root / f"{name}.lock")):
+        rec = root / f"{name}.json"
+        if rec.exists(): return json.loads(rec.read_text())
+        folder = root / name
+        folder.mkdir()
+        res = make(folder)
+        rec.write_text(json.dumps(res, default=str))
+        return json.loads(rec.read_text())
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     "One end-to-end run of the tiny profile with its own store; returns its folder, store, output and nbs digests."
-    out, store = tmp_path_factory.mktemp("tiny_run"), tmp_path_factory.mktemp("tiny_store")
-    before = nbs_digest()
-    p = run_cli("--profile", "tiny", "--out_dir", out, "--offline", "--cache_dir", store)
-    return {"out": out, "store": store, "stdout": p.stdout, "stderr": p.stderr, "nbs_before": before, "nbs_after": nbs_digest()}
+    def make(d):
+        out, store = d / "out", d / "store"
+        before = nbs_digest()
+        p = run_cli("--profile", "tiny", "--out_dir", out, "--offline", "--cache_dir", store)
+        return {"out": out, "store": store, "stdout": p.stdout, "stderr": p.stderr, "nbs_before": before, "nbs_after": nbs_digest()}
+    r = shared_run(tmp_path_factory, "tiny_run", make)
+    return {**r, "out": Path(r["out"]), "store": Path(r["store"])}
 
 
 @pytest.fixture(scope="session")
 def tiny_run_nocache(tmp_path_factory):
     "The same run recomputing everything (the cache neither read nor written): the reference for determinism and resume."
-    out = tmp_path_factory.mktemp("tiny_run_nocache")
-    run_cli("--profile", "tiny", "--out_dir", out, "--no_cache")
-    return out
+    def make(d):
+        run_cli("--profile", "tiny", "--out_dir", d / "out", "--no_cache")
+        return {"out": d / "out"}
+    return Path(shared_run(tmp_path_factory, "tiny_run_nocache", make)["out"])
 
 
 ARTIFACTS = ["data/lee_news.jsonl", "raw_outputs.jsonl", "scores.parquet", "quality.parquet", "metrics.json",
