@@ -107,6 +107,14 @@ def tiny_run_nocache(tmp_path_factory):
     return Path(shared_run(tmp_path_factory, "tiny_run_nocache", make)["out"])
 
 
+@pytest.fixture
+def warm_store(tiny_run, tmp_path):
+    """A copy of the tiny run's content store: a run of the tiny profile on the same texts reads its generations and
+    scores instead of recomputing them (for tests of what a run does with its inputs, not of the computation)."""
+    import shutil
+    return Path(shutil.copytree(tiny_run["store"], tmp_path / "warm_store"))
+
+
 ARTIFACTS = ["data/lee_news.jsonl", "raw_outputs.jsonl", "scores.parquet", "quality.parquet", "metrics.json",
              "thresholds.json", "quality_summary.json", "tables/table_main_lee_news.md", "tables/table_main_lee_news.tex",
              "tables/table_sanitize.md", "qual_examples.md", "figures/fig_heatmap_t1f.png", "figures/fig_sanitize.png",

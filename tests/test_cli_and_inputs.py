@@ -38,7 +38,7 @@ def test_invalid_utf8_and_duplicates_are_errors(tmp_path):
     assert p.returncode == 2 and "duplicate id(s) 'x'" in p.stderr
 
 
-def test_empty_and_short_texts_are_kept_marked_and_counted(tiny_run, tmp_path):
+def test_empty_and_short_texts_are_kept_marked_and_counted(tiny_run, warm_store, tmp_path):
     "A user dataset with an empty and a too-short AI text runs to the end; both rows are invalid with a reason."
     data = pd.read_json(tiny_run["out"] / "data" / "lee_news.jsonl", lines=True)[COLS]
     bad = pd.DataFrame([{"id": "bad_empty", "label": "ai", "domain": "news", "generator": "x", "text": "   "},
@@ -47,7 +47,7 @@ def test_empty_and_short_texts_are_kept_marked_and_counted(tiny_run, tmp_path):
     f = tmp_path / "mixed.jsonl"
     pd.concat([data, bad]).to_json(f, orient="records", lines=True)
     out = tmp_path / "run"
-    run_cli("--profile", "tiny", "--datasets", f, "--out_dir", out)
+    run_cli("--profile", "tiny", "--datasets", f, "--out_dir", out, "--cache_dir", warm_store)   # the tiny run's texts: cached
     card = read_json(out / "data" / "mixed.card.json")
     assert card["n_rows"] == len(data) + 3 and card["n_invalid"] == 3
     assert card["invalid_reasons"] == {"empty text": 2, "too short: 4 words < 10": 1}
@@ -73,10 +73,10 @@ def test_readme_first_commands_are_what_ci_runs():
     assert "make test" in (ROOT / ".ci" / "run").read_text()
 
 
-def test_a_detector_that_cannot_run_is_skipped_with_its_reason(tmp_path):
+def test_a_detector_that_cannot_run_is_skipped_with_its_reason(warm_store, tmp_path):
     "The two-model Binoculars needs a model pair no offline package ships: reported as skipped, never replaced."
     out = tmp_path / "run"
-    run_cli("--profile", "tiny", "--detectors", "fast_detectgpt", "binoculars", "--out_dir", out)
+    run_cli("--profile", "tiny", "--detectors", "fast_detectgpt", "binoculars", "--out_dir", out, "--cache_dir", warm_store)
     skipped = read_json(out / "skipped.json")["detectors"]
     assert list(skipped) == ["binoculars"] and "binoculars_single" in skipped["binoculars"]
     s = pd.read_parquet(out / "scores.parquet")
