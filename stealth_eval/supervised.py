@@ -177,7 +177,7 @@ def classify_texts(texts: list, spec: str, cfg: dict, cache: Cache, max_tokens: 
     ident = classifier_identity(spec, cfg["trust_remote_code"])
     model = ident if not max_tokens else f"{ident}|max_tokens={int(max_tokens)}"    # a shorter cut is another computation
     return cache.by_text("classifier", texts, lambda todo: _classify(todo, spec, cfg, max_tokens, safetensors_only),
-                         model=model, version="clf-v2")
+                         model=model, version="clf-v3")   # v3: per-row head layers (rows_alone)
 
 # %% ../nbs/22_supervised_watermark.ipynb #5e23f2aa
 def _classify(todo: list, spec: str, cfg: dict, max_tokens: int = 0, safetensors_only: bool = True) -> list:
