@@ -223,7 +223,7 @@ def test_m3_guides_and_declared_detectors_outside_the_panel():
     assert A.reward_split("m1", "N=4", DETS, cfg)["held_out"] == DETS
 
 
-def test_a_tiny_run_with_a_lora_adapter_compares_held_out_and_in_reward_detectors(tmp_path):
+def test_a_tiny_run_with_a_lora_adapter_compares_held_out_and_in_reward_detectors(warm_store, tmp_path):
     """End to end: M2 runs with a small LoRA adapter built here (on a tiny random chat LM standing in for the paraphraser:
     costs and plumbing, not StealthRL's results) and declared reward detectors; acceptance.json's held-out vs in-reward
     row equals the means of metrics.json's per-detector TPRs, computed directly."""
@@ -240,7 +240,7 @@ def test_a_tiny_run_with_a_lora_adapter_compares_held_out_and_in_reward_detector
     out = tmp_path / "run"
     reward = ["fast_detectgpt", "log_rank"]
     run_cli("--profile", "tiny", "--methods", "m2", "--n_candidates", "1", "--detectors", "log_likelihood", "log_rank",
-            "entropy", "fast_detectgpt", "--out_dir", out, "--offline",
+            "entropy", "fast_detectgpt", "--out_dir", out, "--offline", "--cache_dir", warm_store,   # the originals: cached
             "--set", f"paraphraser={lm}", f"stealthrl_adapter={tmp_path / 'adapter'}", f"reward_detectors={json.dumps({'m2': reward})}",
             "data.n_per_class=8", "n_bootstrap=50")
     acc = json.loads((out / "acceptance.json").read_text())
