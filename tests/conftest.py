@@ -42,29 +42,6 @@ def nbs_digest():
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((ROOT / "nbs").glob("*.ipynb"))}
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "exclusive: runs with no other test beside it (timing under a known load: "
-                            "the other xdist worker waits between its tests)")
-
-
-@pytest.fixture(autouse=True)
-def _exclusive_or_shared(request, tmp_path_factory):
-    """Under xdist, a test marked `exclusive` holds an exclusive lock that every other test holds shared: it waits for
-    the other worker's current test to end and keeps the next from starting. A turnstile lock taken briefly first by
-    every test keeps a waiting exclusive test from being starved by a stream of shared ones. Without xdist: nothing."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        yield; return
-    import fcntl
-    root = shared_dir(tmp_path_factory)
-    exclusive = request.node.get_closest_marker("exclusive") is not None
-    with open(root / "exclusive.turnstile", "a") as gate, open(root / "exclusive.lock", "a") as lock:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        try: fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        finally: fcntl.flock(gate, fcntl.LOCK_UN)
-        try: yield
-        finally: fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def shared_dir(tmp_path_factory) -> Path:
     "The temporary folder every xdist worker of this test session sees (the session's own folder without xdist)."
     base = tmp_path_factory.getbasetemp()

@@ -196,7 +196,6 @@ def _kernels(pid: int) -> list:
     return kernels
 
 
-@pytest.mark.exclusive            # a 2-second deadline under a known load (the busy core), not the other worker's too
 @pytest.mark.parametrize("stage", ["00_data", "20_detectors"])
 def test_sigterm_stops_the_kernel_one_line_143(stand_in, busy, tmp_path, stage):
     "SIGTERM while a stage's kernel runs: the kernel is gone within 2 s, one line, exit 143, the stage interrupted."
