@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: install run test test-fast report bench clean-run chromium lab
+.PHONY: install run test test-fast report bench clean-run chromium lab preflight wheels
 
 install: $(VENV)/.installed
 
@@ -62,3 +62,15 @@ bench: install
 .PHONY: rehearse
 rehearse: install
 	$(BIN)/stealth-eval --profile rehearsal --set rehearsal.scale=layers device_profile=gpu --offline --out_dir artifacts/rehearsal $(ARGS)
+
+# A bounded check of the paper run on this device (09_preflight): every paper model at its real size on the device
+# (full depth on a GPU, the `layers` shapes on a CPU), each model path measured beside a plain PyTorch baseline, the five
+# stage notebooks end to end, the paper run predicted from the measured rates: artifacts/preflight/preflight.md.
+# `make preflight ARGS=--short` is CI's (minutes on a CPU).
+preflight: install
+	$(BIN)/stealth-eval preflight $(ARGS)
+
+# Wheels of what a lent GPU machine's image lacks (09_preflight.WHEELS) into .whl/, for a machine without network;
+# `ARGS=--check` only checks that the list is complete (no download).
+wheels: install
+	$(BIN)/stealth-eval wheels $(ARGS)

@@ -723,9 +723,11 @@ def _eos_ids(lm) -> list:
 
 # %% ../nbs/02_models.ipynb #883df97b
 def kv_cache_arg(model) -> str:
-    "The keyword under which `model.forward` takes the key-value cache: `cache` (newer transformers) or `past_key_values`."
+    """The keyword under which `model.forward` takes the key-value cache: `cache` (newer transformers) or
+    `past_key_values`. A peft model's `forward` takes `**kwargs` and hands them on: its base model's signature decides."""
     import inspect
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 def kv_cache_of(out):
     "The key-value cache a forward pass returned: the output's `cache` field where it declares one, else `past_key_values`."

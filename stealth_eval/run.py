@@ -596,6 +596,12 @@ def main(argv=None) -> int:
         print(f"wrote {site / 'index.html'} ({len(list(site.glob('*.html')))} pages)")
         return EXIT_OK
     if argv[:1] == ["cache"]: return cache_main(argv[1:])
+    if argv[:1] == ["preflight"]:   # a bounded check of the paper run on this device (09_preflight)
+        from stealth_eval.preflight import preflight_main
+        return preflight_main(argv[1:])
+    if argv[:1] == ["wheels"]:      # wheels of what a GPU image lacks, for a machine without network (09_preflight)
+        from stealth_eval.preflight import wheels_main
+        return wheels_main(argv[1:])
     args = None
     try:
         args = build_parser().parse_args(argv)

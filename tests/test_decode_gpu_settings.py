@@ -328,6 +328,12 @@ def test_the_cache_carrying_loops_raise_no_deprecation_warning(tiny):
             P.token_guided_generate(lm, p[0], lambda texts: [float(len(t)) for t in texts], max_new_tokens=3)
             hb = _HoleyBatch(lm, 2)
             hb.feed([p[0], p[1]]); hb.feed([[5], []], score=True)
+            # M2's path: the decode loop through a LoRA-wrapped model (peft's forward takes **kwargs: found by the preflight)
+            from peft import LoraConfig, get_peft_model
+            from dataclasses import replace
+            import copy
+            adapted = replace(lm, model=get_peft_model(copy.deepcopy(lm.model), LoraConfig(r=2, target_modules=["q_proj"])).eval())
+            M.sample_continuations(adapted, p[:2], [1, 2], max_new_tokens=3, min_new_tokens=0, temperature=0.9, top_p=0.95, batch_size=2)
     finally:
         hf_logging.get_logger("transformers").removeHandler(handler)
     said = [str(w.message) for w in caught] + [r.getMessage() for r in records]

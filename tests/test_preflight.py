@@ -1,0 +1,91 @@
+"""`stealth-eval preflight` and `stealth-eval wheels` (nbs/09_preflight): the bounded check of the paper run on a device,
+and the wheels that carry what a GPU image lacks to a machine without network."""
+import json
+import os
+
+import pytest
+
+from conftest import run_cli
+
+SECTIONS = ("## Steps", "## Environment", "## Stand-ins", "## Model paths", "## Stage notebooks",
+            "## Prediction: the paper run, from the rates measured here", "## Failures", "## Reading these numbers")
+
+
+def test_the_wheel_list_is_complete():
+    """Every distribution the package imports (anywhere in its source), with its requirements, is on the GPU image or in
+    WHEELS, and every module imports in a child process where every other distribution is blocked (no download)."""
+    from stealth_eval.preflight import check_wheels
+    assert check_wheels() == []
+
+
+def test_the_wheel_check_names_what_is_missing(monkeypatch):
+    import stealth_eval.preflight as P
+    monkeypatch.setattr(P, "WHEELS", tuple(w for w in P.WHEELS if not w.startswith(("papermill==", "rapidfuzz=="))))
+    probs = P.required_distributions()
+    assert probs["papermill"] == "imported as papermill" and probs["ipykernel"] == "the stage notebooks' kernel"
+    assert probs["nbclient"].startswith("required by")                       # a requirement of a requirement
+    # the stage notebooks' own imports count: fastcore was missing on the H200 preflight (00_data failed to start)
+    assert probs["fastcore"] == "imported as fastcore by the stage notebooks"
+    allowed = {P._canon(n) for n in P.DEVICE_IMAGE} | {P._canon(w.split("==")[0]) for w in P.WHEELS}
+    missing = [d for d in probs if d not in allowed]
+    assert sorted(missing) == ["papermill", "rapidfuzz"], missing
+    # a module-level import of a distribution outside the image and the list stops that module's import
+    bad = P.import_check(allowed - {"pandas"})
+    assert any(b.startswith("stealth_eval.metrics does not import") and "pandas" in b for b in bad), bad
+
+
+def test_optional_imports_are_never_at_module_level():
+    "What WHEELS leaves out (OPTIONAL) is imported only inside functions: the import check above would miss nothing."
+    import ast
+    from pathlib import Path
+    import stealth_eval
+    from stealth_eval.preflight import OPTIONAL, _canon
+    from importlib import metadata
+    pd = metadata.packages_distributions()
+    for f in Path(stealth_eval.__file__).parent.glob("*.py"):
+        for n in ast.parse(f.read_text()).body:   # module level only
+            names = [a.name for a in n.names] if isinstance(n, ast.Import) else [n.module] if isinstance(n, ast.ImportFrom) and n.module else []
+            for name in names:
+                top = name.split(".")[0]
+                assert not {_canon(d) for d in pd.get(top, [top])} & set(OPTIONAL), f"{f.name}: module-level import of {name}"
+
+
+@pytest.fixture(scope="module")
+def short_preflight(tmp_path_factory):
+    out = tmp_path_factory.mktemp("preflight")
+    p = run_cli("preflight", "--short", "--device", "cpu", "--out_dir", out, timeout=1800, check=False)
+    return out, p
+
+
+def test_preflight_short_runs_every_step_on_the_cpu(short_preflight):
+    "CI's preflight: every step passes at the layers shapes (the notebooks at the reduced ones), the report has every section."
+    out, p = short_preflight
+    rep = json.loads((out / "preflight.json").read_text())
+    md = (out / "preflight.md").read_text()
+    assert p.returncode == 0, md
+    assert rep["ok"] and [s["status"] for s in rep["steps"].values()] == ["ok"] * 5, rep["steps"]
+    assert all(s in md for s in SECTIONS) and md.startswith("# Preflight: every step passed")
+    assert rep["scale"] == "layers" and all(m["scale"] == "layers" for m in rep["steps"]["build"]["result"]["models"])
+    paths = rep["steps"]["paths"]["result"]["paths"]
+    assert all(r["status"] == "ok" for r in paths), [(r["path"], r.get("error")) for r in paths]
+    names = " ".join(r["path"] for r in paths)
+    for what in ("log_likelihood", "binoculars", "dna_detectllm", "lastde_pp", "roberta_openai", "radar", "E5", "MPNet",
+                 "T5 span fills", "proxihuman", "paraphraser sampling", "random LoRA", "M3 guided"):
+        assert what in names, what
+    prefill = [r for r in paths if r.get("kind") == "prefill"]
+    assert prefill and all(r["tflops"] > 0 and r["per_s"] > 0 and r["ratio"] > 0 and 0 < r["fill_pct"] <= 100 for r in prefill)
+    assert all(r["gb_s"] > 0 for r in paths if r.get("kind") == "decode")
+    nb = rep["steps"]["notebooks"]["result"]
+    assert nb["returncode"] == 0 and set(nb["stages"]) >= {"00_data", "10_methods", "20_detectors", "30_calibration_metrics", "40_figures"}
+    assert all(v["status"] == "ok" for v in nb["stages"].values()), nb["stages"]
+    pr = rep["steps"]["prediction"]["result"]
+    from stealth_eval.config import PROFILES
+    from stealth_eval.rehearsal import paper_workload, predict_seconds
+    assumed = sum(predict_seconds(w) for w in paper_workload(PROFILES["paper"].to_dict())) / 3600
+    assert abs(pr["total_assumed_h100_h"] - assumed) < 1e-6 * assumed          # today's prediction, unchanged beside it
+    assert sum(v["rows_measured"] for v in pr["stages"].values()) > 0 and pr["total_measured_rate_h"] > 0
+
+
+def test_preflight_refuses_an_unknown_step_budget(tmp_path):
+    p = run_cli("preflight", "--short", "--out_dir", tmp_path, "--budget", "warmup=5", check=False)
+    assert p.returncode == 2 and "unknown step(s) ['warmup']" in p.stderr
