@@ -217,14 +217,10 @@ def decode_bytes(name: str, scale: str, rows: int, prompt_len: float, new_tokens
     kv = kv_bytes_per_token(model_config(name, scale), "bfloat16" if b == 2 else "float32")
     return float(steps * (param_split(name, scale)["total"] * b + batch * (prompt_len + new_tokens / 2) * kv))
 
-# %% ../nbs/09_preflight.ipynb #00ef4c09
+# %% ../nbs/09_preflight.ipynb #4ac004e7
 def _peak_gb(device: str) -> float:
     from stealth_eval.rehearsal import _peak_gb as pk
     return round(pk(device), 2)
-
-def _reset(device: str):
-    from stealth_eval.rehearsal import _free, _peak_reset
-    _free(device); _peak_reset(device)
 
 def _timed(fn, device: str) -> tuple:
     _sync(device); t0 = time.perf_counter(); out = fn(); _sync(device)
@@ -304,7 +300,7 @@ def random_lora_adapter(base_folder, folder, shape: dict | None = None, seed: in
     lc.save_pretrained(str(folder))
     return folder
 
-# %% ../nbs/09_preflight.ipynb #2b093969
+# %% ../nbs/09_preflight.ipynb #5e2d38f2
 def executed_lengths(lengths: list, budget: int, granule: int, max_len: int | None = None) -> list:
     "The row lengths a device computes for texts of `lengths` (`models.plan_batches`: filler rows and padding included)."
     from stealth_eval.models import plan_batches
@@ -318,8 +314,7 @@ def _prefill_stats(names: list, scale: str, lengths: list, dt: float, hw: dict, 
     from stealth_eval.rehearsal import weight_bytes
     if plan and plan[2]: lengths = [min(n, int(plan[2])) for n in lengths]   # a text past the model's input is cut there
     f = sum(prefill_work(n, scale, lengths, logits, stacks) for n in names)
-    head = sum(f_ - prefill_work(n, scale, lengths, False, stacks) for n, f_ in
-               ((n, prefill_work(n, scale, lengths, logits, stacks)) for n in names)) if logits else 0.0
+    head = f - sum(prefill_work(n, scale, lengths, False, stacks) for n in names) if logits else 0.0   # the output heads' share
     bf16 = weight_bytes(names[0]) == 2
     peak = hw["peak_tflops"] if bf16 else hw["fp32_tflops"]
     roof = ((f - head) / peak + head / hw["fp32_tflops"]) / 1e12 if bf16 else f / peak / 1e12
