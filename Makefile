@@ -26,13 +26,14 @@ $(VENV)/.installed: setup.py settings.ini
 run: install
 	$(BIN)/stealth-eval $(ARGS)
 
-# The suite's budget is 30 minutes of CI's 2 cores (README: "The test suite's budget"): nbdev_test runs the notebooks two at a time, pytest
-# runs on two xdist workers (one torch thread each; runs several files read are made once: tests/conftest.py), and
-# each step prints its time and pytest the 25 slowest tests.
+# The suite's budget is 30 minutes of CI's 2 cores (README: "The test suite's budget"): nbdev_test runs the notebooks
+# two at a time, pytest runs on two xdist workers (one torch thread each; `worksteal`: a worker that runs out takes
+# queued tests from the other; runs several files read are made once: tests/conftest.py), and each step prints its
+# time and pytest the 25 slowest tests.
 test: install chromium
 	@t0=$$(date +%s); $(BIN)/nbdev_test --n_workers 2 --do_print; rc=$$?; \
 	  echo "make test: nbdev_test took $$(( $$(date +%s) - t0 )) s"; exit $$rc
-	@t0=$$(date +%s); $(BIN)/python -m pytest tests -ra -n 2 --durations=25; rc=$$?; \
+	@t0=$$(date +%s); $(BIN)/python -m pytest tests -ra -n 2 --dist worksteal --durations=25; rc=$$?; \
 	  echo "make test: pytest took $$(( $$(date +%s) - t0 )) s"; exit $$rc
 
 # Headless Chromium for tests/test_report.py (opens the report site, takes a screenshot): Debian's `chromium`,

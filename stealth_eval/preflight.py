@@ -21,11 +21,11 @@ from .core import StealthEvalError, atomic_write_text, get_logger, read_json, wr
 
 # %% auto #0
 __all__ = ['DEVICE_PEAKS', 'PREFLIGHT_RUN', 'SMALL_LM', 'SMALL_LM_KEYS', 'LORA_SHAPE', 'RATE_PROXIES', 'BUDGETS', 'SIZES',
-           'STEPS', 'PATHS_RUN', 'SHORT_RUN', 'SHORT_NOTEBOOKS', 'DEVICE_IMAGE', 'WHEELS', 'OPTIONAL', 'RUNTIME',
-           'DEVICE_MARKERS', 'WHEEL_PLATFORMS', 'TREE_LIMIT_MIB', 'device_peaks', 'StepCut', 'time_budget', 'run_step',
-           'measure_device', 'device_hw', 'versions', 'paper_stand_ins', 'build_models', 'preflight_config',
-           'preflight_texts', 'prefill_work', 'decode_bytes', 'plain_logprobs', 'plain_classify', 'plain_embed',
-           'plain_generate', 'random_lora_adapter', 'executed_lengths', 'measure_path', 'measure_paths',
+           'STEPS', 'PATHS_RUN', 'SHORT_RUN', 'SHORT_NOTEBOOKS', 'SHORT_NOTEBOOK_RUN', 'DEVICE_IMAGE', 'WHEELS',
+           'OPTIONAL', 'RUNTIME', 'DEVICE_MARKERS', 'WHEEL_PLATFORMS', 'TREE_LIMIT_MIB', 'device_peaks', 'StepCut',
+           'time_budget', 'run_step', 'measure_device', 'device_hw', 'versions', 'paper_stand_ins', 'build_models',
+           'preflight_config', 'preflight_texts', 'prefill_work', 'decode_bytes', 'plain_logprobs', 'plain_classify',
+           'plain_embed', 'plain_generate', 'random_lora_adapter', 'executed_lengths', 'measure_path', 'measure_paths',
            'run_notebooks', 'measured_rates', 'predict_paper', 'preflight', 'preflight_report', 'source_imports',
            'notebook_imports', 'required_distributions', 'check_wheels', 'import_check', 'tree_bytes', 'build_wheels',
            'preflight_main', 'wheels_main']
@@ -499,13 +499,14 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
 # %% ../nbs/09_preflight.ipynb #5ce0b4b0
 def run_notebooks(partial: dict, out: Path, device: str, scale: str, short: bool = False) -> dict:
     """The five stage notebooks in a child run (M2 with a random LoRA adapter); per-stage status and seconds from its
-    run_info.json. `short`: the CPU's settings, M0, M1, M2, M5 and three detectors (a check of the step itself)."""
+    run_info.json. `short`: the CPU's settings, M0, M1, M2, M5 and three detectors on shorter texts (a check of the step itself)."""
     from stealth_eval.rehearsal import build_rehearsal_model, rehearsal_dir
     small, para = str(rehearsal_dir(scale) / SMALL_LM), rehearsal_dir(scale) / "qwen3-4b-instruct-2507"
     build_rehearsal_model(SMALL_LM, small, scale); build_rehearsal_model(para.name, para, scale)
     adapter = random_lora_adapter(para, out / "lora")
     sets = {"device": device, "device_profile": "cpu" if short else "gpu", "rehearsal.scale": scale, "rehearsal.measure_models": False,
-            "stealthrl_adapter": str(adapter), **{k: small for k in SMALL_LM_KEYS}, **_flat(PREFLIGHT_RUN)}
+            "stealthrl_adapter": str(adapter), **{k: small for k in SMALL_LM_KEYS}, **_flat(PREFLIGHT_RUN),
+            **(SHORT_NOTEBOOK_RUN if short else {})}
     run = out / "run"
     cmd = [sys.executable, "-m", "stealth_eval.run", "--profile", "rehearsal", "--offline", "--out_dir", str(run),
            "--n_candidates", *[str(n) for n in sets.pop("n_candidates")], *(SHORT_NOTEBOOKS if short else []),
@@ -600,6 +601,9 @@ SHORT_RUN = {   # --short on a CPU: the layers shapes through 128-token windows,
     "score_windows": {d: 128 for d in ("dna_detectllm", "lastde", "lastde_pp", "binoculars")},
 }
 SHORT_NOTEBOOKS = ["--methods", "m0", "m1", "m2", "m5", "--detectors", "log_likelihood", "binoculars", "roberta_openai"]
+SHORT_NOTEBOOK_RUN = {   # and texts of 60-160 tokens, one candidate: M1 and M2 decode at the paraphraser's real width on
+    "data.min_tokens": 60, "data.max_tokens": 160, "n_candidates": [1],   # the CPU (350-720 tokens took 120 s of 10_methods)
+}
 
 def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = "auto", short: bool = False,
               budgets: dict | None = None) -> dict:

@@ -84,6 +84,22 @@ def tiny_run_nocache(tmp_path_factory):
     return Path(shared_run(tmp_path_factory, "tiny_run_nocache", make)["out"])
 
 
+# The smallest configuration that still shows a whole run's mechanisms (generation, a homoglyph attack with its
+# sanitize defense, two detectors that read one panel pass, calibration, every table and figure): for tests that compare
+# a run made another way (Ray, a resume after SIGKILL) with a reference run, byte for byte. A third of the tiny run's work.
+SMALL = ["--profile", "tiny", "--methods", "m0", "m5", "--detectors", "log_likelihood", "fast_detectgpt",
+         "--set", "data.n_per_class=4"]
+
+
+@pytest.fixture(scope="session")
+def small_run_nocache(tmp_path_factory):
+    "The SMALL configuration computed from scratch (the cache neither read nor written): the reference of those tests."
+    def make(d):
+        run_cli(*SMALL, "--out_dir", d / "out", "--no_cache")
+        return {"out": d / "out"}
+    return Path(shared_run(tmp_path_factory, "small_run_nocache", make)["out"])
+
+
 @pytest.fixture
 def warm_store(tiny_run, tmp_path):
     """A copy of the tiny run's content store: a run of the tiny profile on the same texts reads its generations and

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, same_artifacts
+from conftest import ROOT, SMALL, same_artifacts
 from stealth_eval.core import Cache, read_json, sha256_text
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]' (the dev extra installs it)")
@@ -21,20 +21,20 @@ def run_ray(*args, env_extra=None, timeout=2400):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_ray_run_with_a_worker_killed_during_scoring_writes_the_local_engines_artifacts(tmp_path, tiny_run_nocache):
+def test_ray_run_with_a_worker_killed_during_scoring_writes_the_local_engines_artifacts(tmp_path, small_run_nocache):
     "Same seed, --engine ray with 2 workers, one actor killed in its first detector-scoring batch: byte-identical artifacts."
     out, marker = tmp_path / "ray_run", tmp_path / "killed-once"
-    p = run_ray("--profile", "tiny", "--out_dir", out, "--no_cache", "--engine", "ray",
-                "--set", "engine.workers=2", "engine.batch_size=8",
+    p = run_ray(*SMALL, "engine.workers=2",   # SMALL ends in --set: these two are more of its settings
+                "engine.batch_size=8", "--out_dir", out, "--no_cache", "--engine", "ray",
                 env_extra={"STEALTH_EVAL_RAY_FAULT": f"lm_panel:{marker}"})
     assert p.returncode == 0, p.stderr[-6000:]
     assert marker.exists(), "the fault hook never fired: no actor was killed"
     assert "engine ray" in p.stderr and "ray: joined" in p.stderr
-    same_artifacts(out, tiny_run_nocache)
+    same_artifacts(out, small_run_nocache)
     cfg = read_json(out / "config.json")
-    assert cfg["engine"]["name"] == "ray" and read_json(tiny_run_nocache / "config.json")["engine"]["name"] == "local"
+    assert cfg["engine"]["name"] == "ray" and read_json(small_run_nocache / "config.json")["engine"]["name"] == "local"
     # every value was computed and stored by the driver once per key: the hit/miss counts equal the local run's
-    for f in (tiny_run_nocache / "cache_stats").glob("*.json"):
+    for f in (small_run_nocache / "cache_stats").glob("*.json"):
         assert read_json(out / "cache_stats" / f.name) == read_json(f), f.name
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import ROOT, read_json, run_cli, same_artifacts
+from conftest import ROOT, SMALL, read_json, run_cli, same_artifacts
 
 
 def stats(out, stage):
@@ -26,20 +26,22 @@ def unique_valid_texts(out):
 def test_added_method_and_detector_recompute_only_new_work(tmp_path):
     store = tmp_path / "store"
     a, b = tmp_path / "a", tmp_path / "b"
-    run_cli("--profile", "tiny", "--methods", "m0", "--detectors", "fast_detectgpt", "--cache_dir", store, "--out_dir", a)
-    assert stats(a, "00_data")["generation"] == {"hits": 0, "misses": 16}
+    n = 6                                                                      # texts per class: the mechanism, not the sample
+    run_cli("--profile", "tiny", "--methods", "m0", "--detectors", "fast_detectgpt", "--cache_dir", store, "--out_dir", a,
+            "--set", f"data.n_per_class={n}")
+    assert stats(a, "00_data")["generation"] == {"hits": 0, "misses": n}
     run_cli("--profile", "tiny", "--methods", "m0", "m5", "--detectors", "fast_detectgpt", "log_rank",
-            "--cache_dir", store, "--out_dir", b)
-    assert stats(b, "00_data")["generation"] == {"hits": 16, "misses": 0}     # no text regenerated
+            "--cache_dir", store, "--out_dir", b, "--set", f"data.n_per_class={n}")
+    assert stats(b, "00_data")["generation"] == {"hits": n, "misses": 0}      # no text regenerated
     new_texts = unique_valid_texts(b) - unique_valid_texts(a)
-    assert len(new_texts) == 32                                                # 16 texts x 2 homoglyph rates
+    assert len(new_texts) == 2 * n                                             # n texts x 2 homoglyph rates
     # one forward pass per new text, none for the added detector (it reads the same panel)
     assert stats(b, "20_detectors")["lm_panel"] == {"hits": len(unique_valid_texts(a)), "misses": len(new_texts)}
 
 
-def test_resume_after_sigkill_gives_identical_artifacts(tmp_path, tiny_run_nocache):
+def test_resume_after_sigkill_gives_identical_artifacts(tmp_path, small_run_nocache):
     store, out = tmp_path / "store", tmp_path / "run"
-    cmd = [sys.executable, "-m", "stealth_eval.run", "--profile", "tiny", "--cache_dir", str(store), "--out_dir", str(out)]
+    cmd = [sys.executable, "-m", "stealth_eval.run", *SMALL, "--cache_dir", str(store), "--out_dir", str(out)]
     env = {**os.environ, "STEALTH_EVAL_PROGRESS": "0"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     panel = store / "lm_panel"
@@ -52,8 +54,8 @@ def test_resume_after_sigkill_gives_identical_artifacts(tmp_path, tiny_run_nocac
     n_stored = len(list(panel.rglob("*.json")))
     assert 10 <= n_stored
     assert not (out / "metrics.json").exists()
-    run_cli("--profile", "tiny", "--cache_dir", store, "--out_dir", out)
-    same_artifacts(out, tiny_run_nocache)
+    run_cli(*SMALL, "--cache_dir", store, "--out_dir", out)
+    same_artifacts(out, small_run_nocache)
     assert stats(out, "00_data")["generation"]["misses"] == 0                 # nothing generated twice
     assert stats(out, "20_detectors")["lm_panel"]["hits"] >= n_stored - 1      # stored scores reused
 
@@ -76,7 +78,10 @@ def test_hostile_corpus_every_row_accounted(tmp_path):
     f.write_text("".join(json.dumps({"id": i, "label": l, "domain": "news", "generator": "x", "text": t}) + "\n"
                          for i, l, t in HOSTILE), encoding="utf-8")
     out = tmp_path / "run"
-    run_cli("--profile", "tiny", "--datasets", f, "--out_dir", out, "--set", "homoglyph_rates=[0.01]")
+    # the rows' accounting is under test, not the panel: one detector, through a 256-token window (the tiny profile's
+    # seven detectors and fast_detectgpt's whole-text window over the 100k-character row cost minutes)
+    run_cli("--profile", "tiny", "--datasets", f, "--out_dir", out, "--detectors", "fast_detectgpt",
+            "--set", "homoglyph_rates=[0.01]", "score_windows.fast_detectgpt=256")
     card = read_json(out / "data" / "hostile.card.json")
     assert card["n_rows"] == len(HOSTILE)
     assert card["invalid_reasons"] == {"empty text": 2, "too short: 2 words < 10": 1}
