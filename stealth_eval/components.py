@@ -64,6 +64,10 @@ class Detector(ABC):
     def why_none(self, h: str) -> str:
         "Why the text with sha256 `h` has no statistics (default: `none_reason`; an API detector keeps each text's own)."
         return self.none_reason
+    def lm_uses(self, texts: list, cfg: dict, cache) -> list:
+        """[(model spec, `detectors.LMUse`)]: what `compute` reads of a causal LM's forward pass over `texts`, so the
+        stage runs one pass per text for every detector that reads that model (default: none)."""
+        return []
     @abstractmethod
     def compute(self, texts: list, cfg: dict, cache) -> dict:
         "sha256(text) -> statistics (a dict with `stat`, `n_tokens_input` and `truncated`) or None."

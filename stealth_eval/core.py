@@ -305,6 +305,7 @@ class Cache:
         self.hits, self.misses = Counter(), Counter()
         self.invalid = Counter()     # (namespace, problem) -> entries that failed their check (counted as misses)
         self._reported, self._marked = 0, False
+        self._held = {}              # key -> value fetched with `hold=True`, until `release()` (also with the store off)
 
     def key(self, namespace: str, **parts) -> str:
         "A key for `namespace` from the parts that determine the value."
@@ -343,12 +344,15 @@ class Cache:
                                                                     "entries": "NAMESPACE/HH/SHA256.json"}) + "\n")
         self._marked = True
 
-    def fetch(self, keys: dict, compute) -> dict:
+    def fetch(self, keys: dict, compute, hold: bool = False) -> dict:
         """name -> value for every name of `keys` (name -> cache key): the cached values, and for the missing names
         `compute(missing names)` run by the cache's engine and stored part by part as they finish (see `parts_of`).
-        Nothing is computed (no model loads) when every value is cached; a stored None is a value, not a miss."""
+        Nothing is computed (no model loads) when every value is cached; a stored None is a value, not a miss.
+        `hold`: keep the values in memory until `release()`, so a later fetch of the same keys in this process reads
+        them without counting a hit or a miss (one computation shared by several readers, even with the store off)."""
         got, miss = {}, []
         for n, k in keys.items():
+            if k in self._held: got[n] = self._held[k]; continue
             v = self.get(k, default=_MISS)
             if v is _MISS: miss.append(n)
             else: got[n] = v
@@ -357,7 +361,12 @@ class Cache:
                 for p, v in zip(pos, vals): got[miss[p]] = self.put(keys[miss[p]], v)
             lost = [n for n in miss if n not in got]
             if lost: raise ValueError(f"cache.fetch: no value computed for {len(lost)} of {len(miss)} missing keys")
+        if hold: self._held.update({k: json.loads(json.dumps(got[n])) for n, k in keys.items()})   # as a stored entry reads back
         return {n: got[n] for n in keys}
+
+    def release(self):
+        "Forget the values held by `fetch(..., hold=True)`."
+        self._held.clear()
 
     def by_text(self, namespace: str, texts: list, compute, **parts) -> dict:
         "sha256(text) -> value of each distinct text, keyed by (namespace, text, parts): `fetch` with `compute(texts)`."

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass, field
+from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +19,10 @@ from .core import Cache, ComponentUnavailable, get_logger, progress, read_jsonl,
 from .engine import run_cache
 
 # %% auto #0
-__all__ = ['PANEL_VERSION', 'panel_batch', 'binoculars_batch', 'HeadLogits', 'lm_logits', 'panel_from_logits', 'panel_stats',
-           'binoculars_from_logits', 'panel_reference', 'binoculars_reference', 'PanelDetector', 'BinocularsPair',
-           'score_texts', 'score_texts_windows', 'score_binoculars_pair', 'run_detectors_stage']
+__all__ = ['PANEL_VERSION', 'PASSES', 'panel_batch', 'binoculars_batch', 'HeadLogits', 'lm_logits', 'panel_from_logits', 'LMUse',
+           'fetch_lm_uses', 'panel_stats', 'binoculars_from_logits', 'panel_reference', 'binoculars_reference',
+           'PanelDetector', 'BinocularsPair', 'score_texts', 'panel_use', 'score_texts_windows', 'binoculars_use',
+           'score_binoculars_pair', 'run_detectors_stage']
 
 # %% ../nbs/20_detectors.ipynb #3813068a
 PANEL_VERSION = "panel-v8"  # bump whenever the computation changes: it is part of every cache key
@@ -136,6 +139,8 @@ def lm_logits(lm, ids, mask) -> HeadLogits:
                       lm.head_fp32())
 
 # %% ../nbs/20_detectors.ipynb #458ebc1f
+PASSES = Counter()   # (model identity, sha256 of a token sequence) -> rows of forward passes over it in this process
+
 def _forward_batches(models: list, seqs: list, budget: int, granule: int, desc: str, on_batch):
     """Run each LM of `models` over the token lists in batches whose shapes depend on each list's length alone
     (`models.plan_batches`, never past the models' positions); call `on_batch(indices, ids, lengths, [HeadLogits per
@@ -146,6 +151,7 @@ def _forward_batches(models: list, seqs: list, budget: int, granule: int, desc: 
     pad = 0 if pad is None else pad
     bar = progress(total=len(seqs), desc=desc, unit="text")
     for R, L, idx in plan_batches([len(s) for s in seqs], budget, granule, max_len=min(m.max_length for m in models)):
+        for m in models: PASSES.update((m.identity, sha256_text(json.dumps(list(seqs[i])))) for i in idx)
         ids, mask = pad_batch([seqs[i] for i in idx], R, L, pad)
         lengths = [len(seqs[i]) for i in idx] + [len(seqs[idx[0]])] * (R - len(idx))
         with torch.no_grad():
@@ -181,6 +187,59 @@ def panel_from_logits(logits, labels, ref_logits=None, chunk: int = 8) -> dict:
     return {"n_tokens": int(labels.shape[0]), "ll": m_ll, "logrank": m_lr, "rank": float(rk.mean()),
             "entropy": float(ent.mean()), "lrr": -m_ll / m_lr if m_lr > 0 else math.inf,
             "fdg": float((ll.sum() - mu.sum()) / var.sum().sqrt())}
+
+# %% ../nbs/20_detectors.ipynb #8d1c2223
+@dataclass
+class LMUse:
+    "One reader of causal LMs' forward passes: its cache entries, the tokens each reads, and its values of a batch."
+    keys: dict             # name -> cache key; a name is a text's sha256 or a tuple that starts with it
+    seqs: dict             # name -> the token ids the passes read for that entry (None: valued without a pass)
+    take: Callable         # (names, lms, ids, lengths, logits) -> the values of the batch's first len(names) rows;
+                           # lms and logits: one per model of `specs`, in that order
+    short: Callable        # name -> the value of an entry that needs no pass (too few tokens)
+    desc: str = ""
+    specs: tuple = ()      # the models it reads, e.g. (observer, performer); () = the `spec` of `fetch_lm_uses`
+
+def _text_of(name) -> str: return name[0] if isinstance(name, tuple) else name
+
+def fetch_lm_uses(spec: str | None, cfg: dict, cache: Cache, uses: list, hold: bool = False) -> list:
+    """name -> value of every use (a list, one dict per use): cached values, and one pass of each model per distinct
+    (text, token sequence) among the missing entries, its logits read by every use that needs that sequence (a use
+    that is cached is not recomputed; a use of an observer/performer pair and one of the observer alone share the
+    observer's pass). A use without `specs` reads `spec`. Batches are stored as they finish; `hold` as `Cache.fetch`.
+    The models of a series of batches are the union of its readers'; batch shapes stay a function of each text's
+    length alone (the readers' models share their position limit: a pair shares a tokenizer and its limits)."""
+    from stealth_eval.models import load_causal_lm, lm_kwargs, scoring_budget
+    specs_of = lambda u: tuple(uses[u].specs or (spec,))
+    keys = {(u, n): k for u, use in enumerate(uses) for n, k in use.keys.items()}
+    def compute(miss):
+        short = [i for i, (u, n) in enumerate(miss) if uses[u].seqs[n] is None]
+        if short: yield short, [uses[miss[i][0]].short(miss[i][1]) for i in short]
+        groups = {}   # (text, tokens) -> positions in `miss` of the entries that read it
+        for i, (u, n) in enumerate(miss):
+            if uses[u].seqs[n] is not None: groups.setdefault((_text_of(n), tuple(uses[u].seqs[n])), []).append(i)
+        if not groups: return
+        lms = {}
+        def lm_of(s):
+            if s not in lms: lms[s] = load_causal_lm(s, **lm_kwargs(cfg))
+            return lms[s]
+        by_readers = {}   # the same readers of a sequence: one series of batches
+        for (h, s), pos in groups.items(): by_readers.setdefault(tuple(miss[i][0] for i in pos), []).append((s, pos))
+        for readers, items in by_readers.items():
+            models = list(dict.fromkeys(m for u in readers for m in specs_of(u)))   # the union of the readers' models
+            budget, granule = scoring_budget(cfg, lm_of(models[0]).device)
+            def take(idx, b_ids, lengths, logits, items=items, readers=readers, models=models):
+                out_pos, out_val = [], []
+                for k, u in enumerate(readers):
+                    pos = [items[i][1][k] for i in idx]
+                    at = [models.index(m) for m in specs_of(u)]
+                    out_pos += pos
+                    out_val += uses[u].take([miss[p][1] for p in pos], [lm_of(models[j]) for j in at], b_ids, lengths, [logits[j] for j in at])
+                return out_pos, out_val
+            desc = f"{' + '.join(uses[u].desc for u in readers)}: {' / '.join(models)}"
+            yield from _forward_batches([lm_of(m) for m in models], [s for s, _ in items], budget, granule, desc, take)
+    got = cache.fetch(keys, compute, hold=hold)
+    return [{n: got[(u, n)] for n in use.keys} for u, use in enumerate(uses)]
 
 # %% ../nbs/20_detectors.ipynb #d940fa48
 def panel_stats(lm, text: str, max_tokens: int = 512) -> dict | None:
@@ -282,6 +341,8 @@ class BinocularsPair(Detector):
     def source(self, cfg: dict) -> tuple:
         return ("binoculars_pair", cfg["binoculars_observer"], cfg["binoculars_performer"], self.window_of(cfg))
     def model(self, cfg: dict) -> str: return f"{_identity_of(cfg['binoculars_observer'], cfg)} | {_identity_of(cfg['binoculars_performer'], cfg)}"
+    def lm_uses(self, texts: list, cfg: dict, cache) -> list:
+        return [(cfg["binoculars_observer"], binoculars_use(texts, cfg, cache, self.window_of(cfg)))]
     def compute(self, texts: list, cfg: dict, cache) -> dict: return score_binoculars_pair(texts, cfg, cache, self.window_of(cfg))
 
 # Token windows follow each reference: Binoculars observes at most 512 tokens (its `max_token_observed`), the
@@ -316,14 +377,12 @@ def score_texts(texts: list, model_spec: str, cfg: dict, cache: Cache, max_token
     return score_texts_windows(texts, model_spec, cfg, cache, [W])[W]
 
 # %% ../nbs/20_detectors.ipynb #0bf3bd6c
-def score_texts_windows(texts: list, model_spec: str, cfg: dict, cache: Cache, windows: list) -> dict:
-    """window -> sha256(text) -> panel statistics over the text's first `window` tokens. The cache key names the tokens
-    actually scored, so a text shorter than several windows is looked up once and scored in one forward pass; each
-    device batch is stored as it finishes, so a killed run resumes after its last batch."""
-    from stealth_eval.models import load_causal_lm, load_tokenizer, lm_kwargs, model_max_tokens, scoring_budget
+def panel_use(texts: list, model_spec: str, cfg: dict, cache: Cache, windows: list) -> tuple:
+    """The likelihood panel's read of `model_spec`'s pass (`LMUse`) over each text's first `window` tokens for every
+    window, named (text, tokens scored); and `n_of(h, window)`, the tokens a window scores of a text."""
+    from stealth_eval.models import load_tokenizer, model_max_tokens
     windows = sorted({int(w) for w in windows})
     uniq = {sha256_text(t): t for t in texts}
-    if not uniq: return {W: {} for W in windows}
     identity = _identity_of(model_spec, cfg)
     tok = load_tokenizer(model_spec, trust_remote_code=cfg["trust_remote_code"])
     ids = dict(zip(uniq, tok(list(uniq.values()), truncation=False).input_ids))
@@ -331,21 +390,30 @@ def score_texts_windows(texts: list, model_spec: str, cfg: dict, cache: Cache, w
     n_of = lambda h, W: min(len(ids[h]), W, M)                                          # tokens a window scores of a text
     keys = {(h, n): cache.key("lm_panel", model=identity, text=h, scored_tokens=n, version=PANEL_VERSION)
             for h in uniq for n in sorted({n_of(h, W) for W in windows})}   # (text, tokens scored)
-    def compute(todo):
-        lm = load_causal_lm(model_spec, **lm_kwargs(cfg))
-        budget, granule = scoring_budget(cfg, lm.device)
-        yield from _iter_panel_of_ids(lm, [ids[h] for h, _ in todo], [n for _, n in todo], budget, granule, desc=f"scoring with {model_spec}")
-    got = cache.fetch(keys, compute)
+    def take(names, lms, b_ids, lengths, logits):
+        return [{**st, "truncated": len(ids[h]) > n, "n_tokens_input": len(ids[h])}
+                for (h, n), st in zip(names, panel_batch(logits[0], b_ids, lengths, lms[0].tokenizer.pad_token_id))]
+    return LMUse(keys, {(h, n): (ids[h][:n] if n - 1 >= 2 else None) for h, n in keys}, take, lambda name: None, "panel",
+                 (model_spec,)), n_of
+
+def score_texts_windows(texts: list, model_spec: str, cfg: dict, cache: Cache, windows: list) -> dict:
+    """window -> sha256(text) -> panel statistics over the text's first `window` tokens. The cache key names the tokens
+    actually scored, so a text shorter than several windows is looked up once and scored in one forward pass; each
+    device batch is stored as it finishes, so a killed run resumes after its last batch."""
+    windows = sorted({int(w) for w in windows})
+    uniq = {sha256_text(t): t for t in texts}
+    if not uniq: return {W: {} for W in windows}
+    use, n_of = panel_use(texts, model_spec, cfg, cache, windows)
+    got = fetch_lm_uses(model_spec, cfg, cache, [use])[0]
     return {W: {h: got[(h, n_of(h, W))] for h in uniq} for W in windows}
 
 # %% ../nbs/20_detectors.ipynb #267293c1
-def score_binoculars_pair(texts: list, cfg: dict, cache: Cache, max_tokens: int = 512) -> dict:
-    "sha256(text) -> {'binoculars', 'n_tokens_input', 'truncated'} (or None) for the configured observer/performer pair."
-    from stealth_eval.models import load_causal_lm, load_tokenizer, lm_kwargs, model_max_tokens, scoring_budget
+def binoculars_use(texts: list, cfg: dict, cache: Cache, max_tokens: int = 512) -> LMUse:
+    "Binoculars' read of the observer's and the performer's passes (`LMUse`) over each text's first `max_tokens` tokens."
+    from stealth_eval.models import load_tokenizer, model_max_tokens
     obs_spec, perf_spec = cfg["binoculars_observer"], cfg["binoculars_performer"]
     ident = [_identity_of(obs_spec, cfg), _identity_of(perf_spec, cfg)]
     uniq = {sha256_text(t): t for t in texts}
-    if not uniq: return {}
     kw = dict(trust_remote_code=cfg["trust_remote_code"])
     max_tokens = min(max_tokens, *(model_max_tokens(s, **kw) for s in (obs_spec, perf_spec)))   # within both models' positions
     ids = dict(zip(uniq, load_tokenizer(perf_spec, **kw)(list(uniq.values()), truncation=False).input_ids))
@@ -355,21 +423,16 @@ def score_binoculars_pair(texts: list, cfg: dict, cache: Cache, max_tokens: int 
             raise ValueError(f"binoculars: {obs_spec} and {perf_spec} tokenize differently; the pair must share a tokenizer")
     keys = {h: cache.key("binoculars_pair", models=ident, text=h, scored_tokens=min(len(ids[h]), max_tokens),
                          version=PANEL_VERSION) for h in uniq}
-    def compute(miss):   # yields each device batch's scores, so the cache stores them as they finish
-        todo = [k for k, h in enumerate(miss) if min(len(ids[h]), max_tokens) - 1 >= 2]
-        short = sorted(set(range(len(miss))) - set(todo))   # None: fewer than 2 predicted tokens
-        if short: yield short, [None] * len(short)
-        if not todo: return
-        obs, perf = (load_causal_lm(s, **lm_kwargs(cfg)) for s in (obs_spec, perf_spec))
-        budget, granule = scoring_budget(cfg, perf.device)
-        def take(idx, b_ids, lengths, logits):
-            pos = [todo[i] for i in idx]
-            bs = binoculars_batch(logits[0], logits[1].to(logits[0].device), b_ids, lengths, perf.tokenizer.pad_token_id)
-            return pos, [{"binoculars": b, "n_tokens_input": len(ids[miss[k]]), "truncated": len(ids[miss[k]]) > max_tokens}
-                         for k, b in zip(pos, bs)]
-        yield from _forward_batches([obs, perf], [ids[miss[k]][:max_tokens] for k in todo], budget, granule,
-                                    f"binoculars: {obs_spec} / {perf_spec}", take)
-    return cache.fetch(keys, compute)
+    def take(names, lms, b_ids, lengths, logits):
+        bs = binoculars_batch(logits[0], logits[1].to(logits[0].device), b_ids, lengths, lms[1].tokenizer.pad_token_id)
+        return [{"binoculars": b, "n_tokens_input": len(ids[h]), "truncated": len(ids[h]) > max_tokens} for h, b in zip(names, bs)]
+    return LMUse(keys, {h: (ids[h][:max_tokens] if min(len(ids[h]), max_tokens) - 1 >= 2 else None) for h in uniq}, take,
+                 lambda h: None, "binoculars", (obs_spec, perf_spec))
+
+def score_binoculars_pair(texts: list, cfg: dict, cache: Cache, max_tokens: int = 512) -> dict:
+    "sha256(text) -> {'binoculars', 'n_tokens_input', 'truncated'} (or None) for the configured observer/performer pair."
+    if not texts: return {}
+    return fetch_lm_uses(None, cfg, cache, [binoculars_use(texts, cfg, cache, max_tokens)])[0]
 
 # %% ../nbs/20_detectors.ipynb #2bc79d6a
 def _identity_of(model_spec: str, cfg: dict) -> str:
@@ -385,6 +448,14 @@ def _merge_skipped(path: Path, skipped: dict):
     prev = prev if isinstance(prev, dict) else {}
     write_json(path, {**prev, "detectors": skipped})
 
+def _overlapping(uses: list) -> list:
+    "The uses in groups that share no model with one another (a use of models A, B joins every group that reads A or B)."
+    groups = []
+    for u in uses:
+        joined = [g for g in groups if set(u.specs) & {m for v in g for m in v.specs}]
+        groups = [g for g in groups if g not in joined] + [[v for g in joined for v in g] + [u]]
+    return groups
+
 def run_detectors_stage(cfg: dict, cache: Cache | None = None):
     "Score every output row with every detector; write `scores.parquet`; return the table."
     import numpy as np
@@ -399,9 +470,23 @@ def run_detectors_stage(cfg: dict, cache: Cache | None = None):
         else: dets.append(det)
     valid_texts = outs.loc[outs["valid"], "text_out"].tolist()
     stats, failed = {}, {}
-    # the panel detectors of one model share a tokenisation and one cache entry per (text, tokens scored), whatever
-    # their windows: a text shorter than every window is looked up once and scored in one forward pass
+    # One forward pass per text of each model, whatever reads it: the panel detectors (one cache entry per text and
+    # tokens scored, whatever their windows), Lastde/Lastde++ and Ghostbuster's scoring-LM stream declare what they read
+    # (`lm_uses`); their entries are fetched together and held for the detectors' own computations below.
     panel = [d for d in dets if isinstance(d, PanelDetector)]
+    uses = []
+    if panel and valid_texts:
+        uses.append(panel_use(valid_texts, cfg["scoring_model"], cfg, cache, [d.window_of(cfg) for d in panel])[0])
+    for det in dets:
+        if valid_texts and not isinstance(det, PanelDetector):
+            try: declared = det.lm_uses(valid_texts, cfg, cache)
+            except ComponentUnavailable: declared = []   # its own computation below meets it and reports it
+            for spec, use in declared:
+                use.specs = use.specs or (spec,)
+                if all(use.keys != u.keys for u in uses): uses.append(use)
+    for group in _overlapping(uses):   # the uses whose models overlap: fetched together
+        try: fetch_lm_uses(None, cfg, cache, group, hold=True)
+        except ComponentUnavailable: pass   # each detector that reads it meets the same error below and is reported
     if panel:
         try: by_w = score_texts_windows(valid_texts, cfg["scoring_model"], cfg, cache, [d.window_of(cfg) for d in panel])
         except ComponentUnavailable as e: failed.update({d.source(cfg): str(e) for d in panel})
@@ -448,4 +533,5 @@ def run_detectors_stage(cfg: dict, cache: Cache | None = None):
     scores = scores.sort_values(["dataset", "detector_name", "label", "condition", "sample_id", "candidate_rank"], kind="stable").reset_index(drop=True)
     scores.to_parquet(Path(cfg["out_dir"]) / "scores.parquet", index=False)
     write_json(Path(cfg["out_dir"]) / "cache_stats" / "20_detectors.json", cache.stats())
+    cache.release()
     return scores

@@ -13,7 +13,7 @@ from .core import Cache, StealthEvalError, sha256_text
 from .detectors import BinocularsPair, PanelDetector, _position_stats, _row_arrays, _forward_batches, _identity_of, _log_softmax_list, _row_masks, _window
 
 # %% auto #0
-__all__ = ['DNA_VERSION', 'DNA_SINGLE', 'dna_batch', 'dna_reference', 'score_dna', 'DNADetectLLMPair']
+__all__ = ['DNA_VERSION', 'DNA_SINGLE', 'dna_batch', 'dna_reference', 'dna_use', 'score_dna', 'DNADetectLLMPair']
 
 # %% ../nbs/27_dna_detectllm.ipynb #d7a10006
 DNA_VERSION = "dna-v1"   # bump whenever this computation changes: part of every cache key of both detectors
@@ -62,13 +62,12 @@ def dna_reference(obs_lm, perf_lm, text: str, pad_id=None, max_tokens: int | Non
     return (sum(ce) / len(ce) + sum(star) / len(star)) / (2 * sum(xs) / len(xs))
 
 # %% ../nbs/27_dna_detectllm.ipynb #d7a10016
-def score_dna(texts: list, cfg: dict, cache: Cache, obs_spec: str, perf_spec: str, max_tokens: int = 1024) -> dict:
-    """sha256(text) -> DNA-DetectLLM statistics (or None below 2 predicted tokens) over the text's first `max_tokens`
-    tokens, `obs_spec` observing and `perf_spec` performing (the same spec: one model, one forward pass). Each device
-    batch is cached as it finishes."""
-    from stealth_eval.models import load_causal_lm, load_tokenizer, lm_kwargs, model_max_tokens, scoring_budget
+def dna_use(texts: list, cfg: dict, cache: Cache, obs_spec: str, perf_spec: str, max_tokens: int = 1024):
+    """DNA-DetectLLM's read of the observer's and the performer's passes (`detectors.LMUse`; one model's when they are
+    the same spec) over each text's first `max_tokens` tokens."""
+    from stealth_eval.detectors import LMUse
+    from stealth_eval.models import load_tokenizer, model_max_tokens
     uniq = {sha256_text(t): t for t in texts}
-    if not uniq: return {}
     one = obs_spec == perf_spec
     specs = [perf_spec] if one else [obs_spec, perf_spec]
     kw = dict(trust_remote_code=cfg["trust_remote_code"])
@@ -79,23 +78,20 @@ def score_dna(texts: list, cfg: dict, cache: Cache, obs_spec: str, perf_spec: st
     ident = [_identity_of(s, cfg) for s in (obs_spec, perf_spec)]
     n_of = lambda h: min(len(ids[h]), max_tokens)
     keys = {h: cache.key("dna_detectllm", models=ident, text=h, scored_tokens=n_of(h), version=DNA_VERSION) for h in uniq}
-    def compute(miss):   # yields each device batch's statistics, so the cache stores them as they finish
-        todo = [k for k, h in enumerate(miss) if n_of(h) - 1 >= 2]
-        short = sorted(set(range(len(miss))) - set(todo))   # None: fewer than 2 predicted tokens
-        if short: yield short, [None] * len(short)
-        if not todo: return
-        lms = [load_causal_lm(s, **lm_kwargs(cfg)) for s in specs]
-        perf = lms[-1]
-        budget, granule = scoring_budget(cfg, perf.device)
-        def take(idx, b_ids, lengths, logits):
-            pos = [todo[i] for i in idx]
-            obs = None if one else logits[0].to(logits[-1].device)
-            st = dna_batch(obs, logits[-1], b_ids, lengths, perf.tokenizer.pad_token_id)
-            return pos, [{**s, "n_tokens_input": len(ids[miss[k]]), "truncated": len(ids[miss[k]]) > max_tokens}
-                         for k, s in zip(pos, st)]
-        yield from _forward_batches(lms, [ids[miss[k]][:max_tokens] for k in todo], budget, granule,
-                                    "dna-detectllm: " + (perf_spec if one else f"{obs_spec} / {perf_spec}"), take)
-    return cache.fetch(keys, compute)
+    def take(names, lms, b_ids, lengths, logits):
+        obs = None if one else logits[0].to(logits[-1].device)
+        st = dna_batch(obs, logits[-1], b_ids, lengths, lms[-1].tokenizer.pad_token_id)
+        return [{**s, "n_tokens_input": len(ids[h]), "truncated": len(ids[h]) > max_tokens} for h, s in zip(names, st)]
+    return LMUse(keys, {h: (ids[h][:max_tokens] if n_of(h) - 1 >= 2 else None) for h in uniq}, take, lambda h: None,
+                 "dna-detectllm", tuple(specs))
+
+def score_dna(texts: list, cfg: dict, cache: Cache, obs_spec: str, perf_spec: str, max_tokens: int = 1024) -> dict:
+    """sha256(text) -> DNA-DetectLLM statistics (or None below 2 predicted tokens) over the text's first `max_tokens`
+    tokens, `obs_spec` observing and `perf_spec` performing (the same spec: one model, one forward pass). Each device
+    batch is cached as it finishes."""
+    from stealth_eval.detectors import fetch_lm_uses
+    if not texts: return {}
+    return fetch_lm_uses(None, cfg, cache, [dna_use(texts, cfg, cache, obs_spec, perf_spec, max_tokens)])[0]
 
 # %% ../nbs/27_dna_detectllm.ipynb #d7a10018
 _DNA_REF = ("Zhu et al. 2025 (NeurIPS), DNA-DetectLLM; reference github.com/Xiaoweizhu57/DNA-DetectLLM "
@@ -119,6 +115,8 @@ class DNADetectLLMPair(BinocularsPair):
         return super().unavailable(cfg)   # offline, and the pair is neither local nor cached
     def source(self, cfg: dict) -> tuple:
         return ("dna_detectllm", cfg["binoculars_observer"], cfg["binoculars_performer"], self.window_of(cfg))
+    def lm_uses(self, texts: list, cfg: dict, cache) -> list:
+        return [(cfg["binoculars_observer"], dna_use(texts, cfg, cache, cfg["binoculars_observer"], cfg["binoculars_performer"], self.window_of(cfg)))]
     def compute(self, texts: list, cfg: dict, cache) -> dict:
         return score_dna(texts, cfg, cache, cfg["binoculars_observer"], cfg["binoculars_performer"], self.window_of(cfg))
 

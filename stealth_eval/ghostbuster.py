@@ -20,10 +20,10 @@ from .core import Cache, StealthEvalError, file_sha256, get_logger, sha256_text,
 # %% auto #0
 __all__ = ['VECTORS', 'VEC_FUNCTIONS', 'SCALAR_FUNCTIONS', 'CORPORA', 'STREAMS_VERSION', 'HANDCRAFTED', 'FIT_VERSION',
            'GHOSTBUSTER_LOCAL', 'vector_combinations', 'expressions', 'evaluate', 'feature_matrix', 'TrigramBackoff',
-           'corpus_path', 'corpus_documents', 'corpus_identity', 'ngram_model', 'doc_start_id', 'token_logprobs',
-           'align_logprobs', 'word_lengths', 'handcrafted', 'ghostbuster_opts', 'text_streams', 'logistic_newton',
-           'balanced_weights', 'select_features', 'featurize', 'fit_calibrated', 'predict_model', 'fit_ghostbuster',
-           'GhostbusterLocal', 'train_and_score_ghostbuster']
+           'corpus_path', 'corpus_documents', 'corpus_identity', 'ngram_model', 'doc_start_id', 'token_logprobs_use',
+           'token_logprobs', 'align_logprobs', 'word_lengths', 'handcrafted', 'ghostbuster_opts', 'text_streams',
+           'logistic_newton', 'balanced_weights', 'select_features', 'featurize', 'fit_calibrated', 'predict_model',
+           'fit_ghostbuster', 'GhostbusterLocal', 'train_and_score_ghostbuster']
 
 # %% ../nbs/28_ghostbuster.ipynb #gb000006
 VECTORS = ("scoring", "weak", "trigram", "unigram")   # the reference's davinci, ada, trigram and unigram probabilities
@@ -232,14 +232,12 @@ def _batch_token_logprobs(logits, ids, lengths, chunk: int = 32) -> list:
         out.append(torch.cat(lp).cpu().tolist())
     return out
 
-def token_logprobs(texts: list, spec: str, cfg: dict, cache: Cache, max_tokens: int) -> dict:
-    """sha256(text) -> {'ids', 'logp', 'ends', 'n_tokens_input'}: each of the text's first `max_tokens` tokens (this LM's tokenizer, no special
-    tokens) with its log-probability after the document start and the tokens before it, and the character where it
-    ends. Device batches shaped by length alone (`detectors._forward_batches`); cached by (model, text, tokens)."""
-    from stealth_eval.detectors import _forward_batches, _identity_of
-    from stealth_eval.models import load_causal_lm, load_tokenizer, lm_kwargs, model_max_tokens, scoring_budget
+def token_logprobs_use(texts: list, spec: str, cfg: dict, cache: Cache, max_tokens: int) -> tuple:
+    """The per-token stream's read of `spec`'s forward pass (`detectors.LMUse`), one entry per text: the document
+    start, then the text's first `max_tokens` tokens; and sha256(text) -> the text's whole token count."""
+    from stealth_eval.detectors import LMUse, _identity_of
+    from stealth_eval.models import load_tokenizer, model_max_tokens
     uniq = {sha256_text(t): t for t in texts}
-    if not uniq: return {}
     tok = load_tokenizer(spec, trust_remote_code=cfg["trust_remote_code"])
     W = min(int(max_tokens), model_max_tokens(spec, trust_remote_code=cfg["trust_remote_code"]) - 1)
     enc = tok(list(uniq.values()), add_special_tokens=False, return_offsets_mapping=True)
@@ -248,21 +246,21 @@ def token_logprobs(texts: list, spec: str, cfg: dict, cache: Cache, max_tokens: 
     start = doc_start_id(tok)
     keys = {h: cache.key("ghostbuster_lm", model=_identity_of(spec, cfg), text=h, tokens=len(ids[h]), version=STREAMS_VERSION)
             for h in uniq}
-    def compute(miss):
-        todo = [k for k, h in enumerate(miss) if ids[h]]
-        empty = sorted(set(range(len(miss))) - set(todo))
-        if empty: yield empty, [{"ids": [], "logp": [], "ends": []}] * len(empty)
-        if not todo: return
-        lm = load_causal_lm(spec, **lm_kwargs(cfg))
-        budget, granule = scoring_budget(cfg, lm.device)
-        def take(idx, b_ids, lengths, logits):
-            pos = [todo[i] for i in idx]
-            lps = _batch_token_logprobs(logits[0], b_ids, lengths[:len(idx)])
-            return pos, [{"ids": list(ids[miss[k]]), "logp": lp, "ends": ends[miss[k]]} for k, lp in zip(pos, lps)]
-        yield from _forward_batches([lm], [[start] + list(ids[miss[k]]) for k in todo], budget, granule,
-                                    f"ghostbuster_local: token probabilities under {spec}", take)
-    n_in = {h: len(e) for h, e in zip(uniq, enc.input_ids)}
-    return {h: {**v, "n_tokens_input": n_in[h]} for h, v in cache.fetch(keys, compute).items()}
+    def take(names, lms, b_ids, lengths, logits):
+        lps = _batch_token_logprobs(logits[0], b_ids, lengths[:len(names)])
+        return [{"ids": list(ids[h]), "logp": lp, "ends": ends[h]} for h, lp in zip(names, lps)]
+    use = LMUse(keys, {h: ([start] + list(ids[h]) if ids[h] else None) for h in uniq}, take,
+                lambda h: {"ids": [], "logp": [], "ends": []}, "ghostbuster_local token probabilities", (spec,))
+    return use, {h: len(e) for h, e in zip(uniq, enc.input_ids)}
+
+def token_logprobs(texts: list, spec: str, cfg: dict, cache: Cache, max_tokens: int) -> dict:
+    """sha256(text) -> {'ids', 'logp', 'ends', 'n_tokens_input'}: each of the text's first `max_tokens` tokens (this LM's tokenizer, no special
+    tokens) with its log-probability after the document start and the tokens before it, and the character where it
+    ends. Device batches shaped by length alone (`detectors._forward_batches`); cached by (model, text, tokens)."""
+    from stealth_eval.detectors import fetch_lm_uses
+    if not texts: return {}
+    use, n_in = token_logprobs_use(texts, spec, cfg, cache, max_tokens)
+    return {h: {**v, "n_tokens_input": n_in[h]} for h, v in fetch_lm_uses(spec, cfg, cache, [use])[0].items()}
 
 # %% ../nbs/28_ghostbuster.ipynb #gb000024
 def align_logprobs(ends: list, other_ends: list, other_logp: list) -> np.ndarray:
@@ -495,6 +493,8 @@ class GhostbusterLocal(Detector):
         p = Path(cfg["out_dir"]) / "models" / "ghostbuster_local.card.json"
         if p.exists(): return read_json(p)["identity"]
         return f"Ghostbuster on {cfg['scoring_model']} + {ghostbuster_opts(cfg)['weak_model']} (not trained yet)"
+    def lm_uses(self, texts: list, cfg: dict, cache) -> list:   # the scoring model's stream of the scored texts
+        return [(cfg["scoring_model"], token_logprobs_use(texts, cfg["scoring_model"], cfg, cache, int(cfg["score_max_tokens"]))[0])]
     def compute(self, texts: list, cfg: dict, cache) -> dict: return train_and_score_ghostbuster(texts, cfg, cache)
 
 GHOSTBUSTER_LOCAL = DETECTORS.register(GhostbusterLocal())

@@ -15,8 +15,8 @@ from .schema import Lastde
 
 # %% auto #0
 __all__ = ['LASTDE_VERSION', 'LASTDE_BLOCKS', 'diversity_entropy', 'lastde_of_sequence', 'lastde_batch', 'lastde_min_tokens',
-           'lastde_params', 'text_uniforms', 'lastde_rows', 'lastde_scores', 'LastdeDetector', 'lastde_reference',
-           'make_sharp_tiny_lm']
+           'lastde_params', 'text_uniforms', 'lastde_rows', 'lastde_use', 'lastde_scores', 'LastdeDetector',
+           'lastde_reference', 'make_sharp_tiny_lm']
 
 # %% ../nbs/26_lastde.ipynb #1e6bfd89
 def _cosine(a: list, b: list) -> float:
@@ -152,34 +152,15 @@ def _finish(st: dict, prm: dict) -> dict:
         if name in why: st[name] = None
     return {**st, "why": why}
 
-def _iter_lastde_of_ids(lm, id_lists: list, caps: list, hashes: list, prm: dict, seed: int, budget: int, granule: int = 64,
-                        desc: str = "lastde"):
-    """(positions, entries) of the token lists, list i truncated to caps[i], one part per device batch; lists too short
-    for either statistic come first, without a forward pass."""
-    import torch
-    cut = [list(s[:w]) for s, w in zip(id_lists, caps)]
-    need = min(lastde_min_tokens(prm["embed_size"], prm["epsilon"], prm["tau_prime"]),
-               lastde_min_tokens(prm["pp_embed_size"], prm["pp_epsilon"], prm["pp_tau_prime"]))
-    info = lambda j: {"truncated": len(id_lists[j]) > caps[j], "n_tokens_input": len(id_lists[j])}
-    short = [i for i in range(len(cut)) if len(cut[i]) - 1 < need]
-    todo = [i for i in range(len(cut)) if len(cut[i]) - 1 >= need]
-    if short: yield short, [_finish({"n_tokens": max(0, len(cut[j]) - 1), "lastde": None, "lastde_pp": None, **info(j)}, prm) for j in short]
-    K = prm["n_samples"]
-    def take(idx, ids, lengths, logits):
-        pos = [todo[i] for i in idx]
-        U = torch.zeros((ids.shape[0], ids.shape[1], K), dtype=torch.float64)
-        for r, j in enumerate(pos): U[r, :len(cut[j]) - 1] = text_uniforms(hashes[j], seed, len(cut[j]) - 1, K)
-        return pos, [_finish({**st, **info(j)}, prm) for j, st in zip(pos, lastde_rows(logits[0], ids, lengths, U, prm))]
-    yield from _forward_batches([lm], [cut[i] for i in todo], budget, granule, desc, take)
-
 # %% ../nbs/26_lastde.ipynb #a8a139dc
-def lastde_scores(texts: list, cfg: dict, cache, max_tokens: int) -> dict:
-    """sha256(text) -> the Lastde / Lastde++ entry of the text's first `max_tokens` tokens under the run's
-    `scoring_model`, computing only what the cache lacks, in device batches stored as they finish."""
-    from stealth_eval.models import load_causal_lm, load_tokenizer, lm_kwargs, model_max_tokens, resolve_device, scoring_budget
+def lastde_use(texts: list, cfg: dict, cache, max_tokens: int):
+    """Lastde's read of the scoring model's forward pass (`detectors.LMUse`): one entry per text, both statistics, over
+    the text's first `max_tokens` tokens; texts too short for either statistic are valued without a pass."""
+    import torch
+    from stealth_eval.detectors import LMUse
+    from stealth_eval.models import load_tokenizer, model_max_tokens, resolve_device, scoring_budget
     spec, prm, seed = cfg["scoring_model"], lastde_params(cfg), int(cfg.get("seed", 0))
     uniq = {sha256_text(t): t for t in texts}
-    if not uniq: return {}
     tok = load_tokenizer(spec, trust_remote_code=cfg.get("trust_remote_code", False))
     ids = dict(zip(uniq, tok(list(uniq.values()), truncation=False).input_ids))
     W = min(int(max_tokens), model_max_tokens(spec, trust_remote_code=cfg.get("trust_remote_code", False)))
@@ -190,12 +171,23 @@ def lastde_scores(texts: list, cfg: dict, cache, max_tokens: int) -> dict:
     padded = scoring_budget(cfg, resolve_device(cfg.get("device", "auto")))[0] > 0
     keys = {h: cache.key("lastde", model=identity, text=h, scored_tokens=min(len(ids[h]), W), params=prm, seed=seed,
                          padded=padded, version=LASTDE_VERSION) for h in uniq}
-    def compute(todo):
-        lm = load_causal_lm(spec, **lm_kwargs(cfg))
-        budget, granule = scoring_budget(cfg, lm.device)
-        yield from _iter_lastde_of_ids(lm, [ids[h] for h in todo], [W] * len(todo), list(todo), prm, seed, budget,
-                                       granule, desc=f"lastde: {spec}")
-    return cache.fetch(keys, compute)
+    need = min(lastde_min_tokens(prm["embed_size"], prm["epsilon"], prm["tau_prime"]),
+               lastde_min_tokens(prm["pp_embed_size"], prm["pp_epsilon"], prm["pp_tau_prime"]))
+    info = lambda h: {"truncated": len(ids[h]) > W, "n_tokens_input": len(ids[h])}
+    K = prm["n_samples"]
+    def take(names, lms, b_ids, lengths, logits):
+        U = torch.zeros((b_ids.shape[0], b_ids.shape[1], K), dtype=torch.float64)
+        for r, h in enumerate(names): U[r, :min(len(ids[h]), W) - 1] = text_uniforms(h, seed, min(len(ids[h]), W) - 1, K)
+        return [_finish({**st, **info(h)}, prm) for h, st in zip(names, lastde_rows(logits[0], b_ids, lengths, U, prm))]
+    short = lambda h: _finish({"n_tokens": max(0, min(len(ids[h]), W) - 1), "lastde": None, "lastde_pp": None, **info(h)}, prm)
+    return LMUse(keys, {h: (ids[h][:W] if min(len(ids[h]), W) - 1 >= need else None) for h in uniq}, take, short, "lastde", (spec,))
+
+def lastde_scores(texts: list, cfg: dict, cache, max_tokens: int) -> dict:
+    """sha256(text) -> the Lastde / Lastde++ entry of the text's first `max_tokens` tokens under the run's
+    `scoring_model`, computing only what the cache lacks, in device batches stored as they finish."""
+    from stealth_eval.detectors import fetch_lm_uses
+    if not texts: return {}
+    return fetch_lm_uses(cfg["scoring_model"], cfg, cache, [lastde_use(texts, cfg, cache, max_tokens)])[0]
 
 # %% ../nbs/26_lastde.ipynb #c5234c10
 _REASONS: dict = {}   # detector name -> sha256 -> why its last computation has no value for that text
@@ -217,6 +209,8 @@ class LastdeDetector(Detector):
         return ("lastde", self.name, cfg["scoring_model"], self.window_of(cfg), tuple(sorted(lastde_params(cfg).items())), cfg.get("seed", 0))
     def model(self, cfg: dict) -> str: return _identity_of(cfg["scoring_model"], cfg)
     def why_none(self, h: str) -> str: return _REASONS.get(self.name, {}).get(h, self.none_reason)
+    def lm_uses(self, texts: list, cfg: dict, cache) -> list:
+        return [(cfg["scoring_model"], lastde_use(texts, cfg, cache, self.window_of(cfg)))]
     def compute(self, texts: list, cfg: dict, cache) -> dict:
         got = lastde_scores(texts, cfg, cache, self.window_of(cfg))
         _REASONS[self.name] = {h: e["why"][self.stat] for h, e in got.items() if e.get(self.stat) is None}

@@ -674,22 +674,28 @@ def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
     texts = N + N * sum(v for m, v in n_out.items() if m in meths)     # human + every condition's distinct outputs (upper bound)
     texts += N * n_out["m5"] * ("m5" in meths and "m5" in (cfg.get("sanitize") or []))   # sanitized homoglyph texts
     if "roberta_openai" in dets: add("20_detectors", "roberta_openai", _name_of(cfg.get("classifier_model")), "prefill", texts, W)
+    # One pass of each causal LM per text and window, whatever reads it (detectors.fetch_lm_uses): a reader whose
+    # (model, tokens) an earlier reader already priced adds no row (the paper's texts fit every window: Falcon-7b's
+    # pass serves the panel, Binoculars' and DNA-DetectLLM's observer and Lastde; Falcon-7b-instruct's both performers)
+    priced = set()
+    def lm_pass(what, model, L):
+        if (model, L) not in priced: priced.add((model, L)); add("20_detectors", what, model, "prefill", texts, L)
     if dets & {"log_likelihood", "log_rank", "rank", "entropy", "lrr", "fast_detectgpt"}:
-        add("20_detectors", "likelihood panel (one pass)", lm, "prefill", texts, S)
+        lm_pass("likelihood panel (one pass)", lm, S)
     if "binoculars" in dets:
-        add("20_detectors", "binoculars observer", _name_of(cfg["binoculars_observer"]), "prefill", texts, W)
-        add("20_detectors", "binoculars performer", _name_of(cfg["binoculars_performer"]), "prefill", texts, W)
+        lm_pass("binoculars observer", _name_of(cfg["binoculars_observer"]), W)
+        lm_pass("binoculars performer", _name_of(cfg["binoculars_performer"]), W)
     if "radar" in dets:   # a hub classifier: one pass of its encoder, its reference's max_length 512
         add("20_detectors", "radar", _name_of((cfg.get("classifiers") or {}).get("radar")), "prefill", texts, W)
     if "dna_detectllm" in dets:   # its own passes of the Binoculars pair over its reference's 1024-token window
         D = min(T, int((cfg.get("score_windows") or {}).get("dna_detectllm", 1024)))
-        add("20_detectors", "dna_detectllm observer", _name_of(cfg["binoculars_observer"]), "prefill", texts, D)
-        add("20_detectors", "dna_detectllm performer", _name_of(cfg["binoculars_performer"]), "prefill", texts, D)
+        lm_pass("dna_detectllm observer", _name_of(cfg["binoculars_observer"]), D)
+        lm_pass("dna_detectllm performer", _name_of(cfg["binoculars_performer"]), D)
     if dets & {"lastde", "lastde_pp"}:   # one pass of the scoring LM over the model's window serves both, then the samples
         from stealth_eval.schema import Lastde
         ld = Lastde.from_dict(cfg.get("lastde") or {})
         P = min(T, getattr(model_config(lm), "max_position_embeddings", None) or 2048)
-        add("20_detectors", "lastde / lastde++ (one pass)", lm, "prefill", texts, P)
+        lm_pass("lastde / lastde++ (one pass)", lm, P)
         add("20_detectors", f"lastde++: {ld.n_samples} samples per position", lm, "sample_logits", texts, P, samples=ld.n_samples)
     if "ghostbuster_local" in dets:   # both LMs over the run's texts and the training split; the feature search is CPU work
         from stealth_eval.schema import GhostbusterLocal

@@ -187,3 +187,29 @@ def test_single_stand_in_reads_the_panels_forward_pass(models, tmp_path):
     single.compute(TEXTS, cfg, cache)
     got = bino.compute(TEXTS, cfg, cache)
     assert cache.stats()["lm_panel"]["hits"] >= len(TEXTS) and all(v is not None for v in got.values())
+
+
+def test_the_pair_and_the_observers_panel_share_one_pass_of_each_model(models, tmp_path):
+    """#35: Binoculars and DNA-DetectLLM on the pair and the panel on the observer (the paper's setting: Falcon-7b
+    scores and observes): the stage runs each model once per text, and every value equals its computation alone."""
+    from stealth_eval.detectors import PASSES, run_detectors_stage, score_binoculars_pair, score_texts
+    out = tmp_path / "run"
+    write_jsonl(out / "raw_outputs.jsonl", [{
+        "sample_id": f"s{i}", "dataset": "toy", "label": "ai", "domain": "news", "generator": "g", "method": "m0",
+        "setting": "", "defense": "none", "condition": "m0", "candidate_rank": 0, "valid": True, "fail_reason": "",
+        "text_out": t} for i, t in enumerate(TEXTS)])
+    cfg = {**_cfg(models, scoring_model=models["obs_path"]), "out_dir": str(out), "score_windows": {},
+           "detectors": ["log_likelihood", "fast_detectgpt", "binoculars", "dna_detectllm"]}
+    idents = {models["obs"].identity, models["perf"].identity}
+    before = dict(PASSES)
+    scores = run_detectors_stage(cfg, Cache(tmp_path / "store")).set_index(["detector_name", "sample_id"])
+    grown = {k: v - before.get(k, 0) for k, v in PASSES.items() if v != before.get(k, 0)}
+    assert {k[0] for k in grown} == idents and len(grown) == 2 * len(TEXTS) and set(grown.values()) == {1}, grown
+    bino = score_binoculars_pair(TEXTS, cfg, Cache(tmp_path / "a"), 512)
+    dna = score_dna(TEXTS, cfg, Cache(tmp_path / "b"), models["obs_path"], models["perf_path"], 1024)
+    ll = score_texts(TEXTS, models["obs_path"], cfg, Cache(tmp_path / "c"), 64)
+    for i, t in enumerate(TEXTS):
+        h = sha256_text(t)
+        assert scores.loc[("binoculars", f"s{i}"), "detector_score_raw"] == bino[h]["binoculars"]
+        assert scores.loc[("dna_detectllm", f"s{i}"), "detector_score_raw"] == dna[h]["dna_detectllm"]
+        assert scores.loc[("log_likelihood", f"s{i}"), "detector_score_raw"] == ll[h]["ll"]

@@ -209,3 +209,55 @@ def test_padded_and_unpadded_passes_are_cached_apart_and_agree_to_what_holds(sha
         assert rel_close(single[h]["lastde_pp"], padded[h]["lastde_pp"], 5e-3)
     again = lastde_scores(texts, _cfg(sharp["path"], score_batch_tokens=0), cache, 128)
     assert again == single and cache.stats()["lastde"]["hits"] == 2
+
+
+def test_one_pass_per_text_feeds_the_panel_lastde_dna_and_ghostbusters_stream(sharp, tmp_path):
+    """#35: the stage runs the scoring LM once per text for the panel, DNA-1, Lastde and Lastde++ (windows 64 and the
+    model's 128, texts shorter than both), and Ghostbuster's stream shares that pass where it reads the same tokens;
+    every value equals the one each computation gets with a pass of its own (a fresh store each)."""
+    from stealth_eval.core import write_jsonl
+    from stealth_eval.detectors import PASSES, fetch_lm_uses, panel_use, run_detectors_stage, score_texts_windows
+    from stealth_eval.ghostbuster import token_logprobs, token_logprobs_use
+    out = tmp_path / "run"
+    texts = [" ".join(WORDS[i:i + k]) for i, k in ((0, 30), (4, 36), (9, 41), (1, 25))]
+    write_jsonl(out / "raw_outputs.jsonl", [
+        {"sample_id": f"s{i}", "dataset": "toy", "label": "ai", "domain": "news", "generator": "g", "method": "m0",
+         "setting": "", "defense": "none", "condition": "m0", "candidate_rank": 0, "text_out": t, "valid": True,
+         "fail_reason": ""} for i, t in enumerate(texts)])
+    dets = ["log_likelihood", "log_rank", "fast_detectgpt", "dna_detectllm_single", "lastde", "lastde_pp"]
+    cfg = {**_cfg(sharp["path"]), "out_dir": str(out), "detectors": dets, "score_max_tokens": 64,
+           "score_windows": {}, "datasets": []}
+    ident = sharp["lm"].identity
+    mine = lambda: {k: v for k, v in PASSES.items() if k[0] == ident}
+    before = mine()
+    scores = run_detectors_stage(cfg, Cache(tmp_path / "store")).set_index(["detector_name", "sample_id"])
+    grown = {k: v - before.get(k, 0) for k, v in mine().items() if v != before.get(k, 0)}
+    assert sorted(grown.values()) == [1] * len(texts), grown            # one pass per text, whatever reads it
+    # each detector's value as its computation alone gives it
+    alone = score_texts_windows(texts, sharp["path"], cfg, Cache(tmp_path / "a"), [64, 128])
+    lst = lastde_scores(texts, cfg, Cache(tmp_path / "b"), 128)
+    for i, t in enumerate(texts):
+        h = sha256_text(t)
+        assert scores.loc[("log_likelihood", f"s{i}"), "detector_score_raw"] == alone[64][h]["ll"]
+        assert scores.loc[("fast_detectgpt", f"s{i}"), "detector_score_raw"] == alone[128][h]["fdg"]
+        assert scores.loc[("dna_detectllm_single", f"s{i}"), "detector_score_raw"] == alone[128][h]["dna_detectllm"]
+        assert scores.loc[("lastde_pp", f"s{i}"), "detector_score_raw"] == lst[h]["lastde_pp"]
+    # Ghostbuster's stream reads the document start, then the text: the very sequence the panel reads when the tokenizer
+    # adds that start itself (Gemma's BOS), so one pass serves both; without it (this tokenizer), a pass each
+    import shutil
+    from tokenizers.processors import TemplateProcessing
+    from transformers import AutoTokenizer
+    bos = Path(shutil.copytree(sharp["path"], tmp_path / "bos_lm"))
+    tok = AutoTokenizer.from_pretrained(bos)
+    tok._tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.bos_token_id)])
+    tok.save_pretrained(bos)
+    for path, n_seqs in ((str(bos), len(texts)), (sharp["path"], 2 * len(texts))):
+        before = dict(PASSES)
+        c = Cache(tmp_path / f"c{n_seqs}")
+        pu, gu = panel_use(texts, path, cfg, c, [64])[0], token_logprobs_use(texts, path, cfg, c, 64)[0]
+        both = fetch_lm_uses(path, cfg, c, [pu, gu])
+        grown = {k: v - before.get(k, 0) for k, v in PASSES.items() if v != before.get(k, 0)}
+        assert len({tuple(s) for u in (pu, gu) for s in u.seqs.values()}) == n_seqs
+        assert len(grown) == n_seqs and set(grown.values()) == {1}, (path, grown)
+        gb = token_logprobs(texts, path, cfg, Cache(tmp_path / f"d{n_seqs}"), 64)
+        assert all(both[1][h] == {k: v for k, v in gb[h].items() if k != "n_tokens_input"} for h in gb)

@@ -319,17 +319,22 @@ def test_cost_model_rows_of_the_newer_detectors():
     texts = rows["likelihood panel (one pass)"]["seqs"]
     assert rows["radar"]["model"] == "radar-vicuna-7b" and rows["radar"]["seqs"] == texts and rows["radar"]["tokens"] == 300
     assert rows["ProxiHuman embeddings"]["model"] == "all-mpnet-base-v2"
-    assert {rows[f"dna_detectllm {r}"]["model"] for r in ("observer", "performer")} == {"falcon-7b", "falcon-7b-instruct"}
+    # the paper's texts (300 tokens) fit every window: one pass of each Falcon serves every reader (#35)
+    assert "binoculars observer" not in rows and "dna_detectllm observer" not in rows
+    assert rows["binoculars performer"]["model"] == "falcon-7b-instruct" and "dna_detectllm performer" not in rows
     n_tr = 2 * paper["data"]["n_train_per_class"] * len(paper["datasets"])
     gb = rows["ghostbuster_local: weak LM (texts + training split)"]
     assert gb["model"] == "smollm2-135m-instruct" and gb["seqs"] == texts + n_tr
     assert rows["ghostbuster_local: scoring LM (texts + training split)"]["seqs"] == texts + n_tr
+    assert "lastde / lastde++ (one pass)" not in rows     # texts within both windows: the panel's pass serves Lastde (#35)
     samp = rows[f"lastde++: {paper['lastde']['n_samples']} samples per position"]
     assert samp["samples"] == paper["lastde"]["n_samples"] and samp["seqs"] == texts
     assert predict_seconds(samp) == pytest.approx(sampling_seconds("falcon-7b", texts * 300, paper["lastde"]["n_samples"]))
     # windows: DNA 1024 (its reference), Lastde the scoring model's 2048 positions, MPNet its 384-token max_seq_length
     long = {r["what"]: r for r in paper_workload(paper, {"mean_tokens": 3000})}
-    assert long["dna_detectllm observer"]["tokens"] == 1024 and long["binoculars observer"]["tokens"] == 512
+    assert "dna_detectllm observer" not in long                       # 1024 tokens of Falcon-7b: the panel's pass
+    assert long["dna_detectllm performer"]["model"] == "falcon-7b-instruct" and long["dna_detectllm performer"]["tokens"] == 1024
+    assert long["binoculars observer"]["model"] == "falcon-7b" and long["binoculars observer"]["tokens"] == 512
     assert long["lastde / lastde++ (one pass)"]["tokens"] == 2048 and long["ProxiHuman embeddings"]["tokens"] == 384
     assert long["radar"]["tokens"] == 512
     # the settings drive the rows: fewer samples cost less, a detector left out leaves no row
