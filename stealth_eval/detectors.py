@@ -188,7 +188,7 @@ def panel_from_logits(logits, labels, ref_logits=None, chunk: int = 8) -> dict:
             "entropy": float(ent.mean()), "lrr": -m_ll / m_lr if m_lr > 0 else math.inf,
             "fdg": float((ll.sum() - mu.sum()) / var.sum().sqrt())}
 
-# %% ../nbs/20_detectors.ipynb #8d1c2223
+# %% ../nbs/20_detectors.ipynb #b1137965
 @dataclass
 class LMUse:
     "One reader of causal LMs' forward passes: its cache entries, the tokens each reads, and its values of a batch."

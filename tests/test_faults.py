@@ -218,7 +218,7 @@ def test_two_concurrent_runs_on_an_empty_cache(tmp_path):
     env = {**os.environ, "STEALTH_EVAL_CACHE": str(tmp_path / "cache"), "STEALTH_EVAL_PROGRESS": "0",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     args = ["--profile", "tiny", "--methods", "m0", "--detectors", "log_likelihood", "fast_detectgpt", "--offline",
-            "--set", "data.n_per_class=6", "n_bootstrap=50"]
+            "--set", "data.n_per_class=3", "n_bootstrap=50"]
     procs = [subprocess.Popen([sys.executable, "-m", "stealth_eval.run", *args, "--out_dir", str(tmp_path / f"run{i}")],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in (0, 1)]

@@ -61,7 +61,7 @@ def short_preflight(tmp_path_factory):
 
 
 def test_preflight_short_runs_every_step_on_the_cpu(short_preflight):
-    "CI's preflight: every step passes at the layers shapes (the notebooks at the reduced ones), the report has every section."
+    "CI's preflight: every step passes at the layers shapes through 48-token windows (the notebooks at the reduced ones)."
     out, p = short_preflight
     rep = json.loads((out / "preflight.json").read_text())
     md = (out / "preflight.md").read_text()
