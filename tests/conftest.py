@@ -75,15 +75,6 @@ def tiny_run(tmp_path_factory):
     return {**r, "out": Path(r["out"]), "store": Path(r["store"])}
 
 
-@pytest.fixture(scope="session")
-def tiny_run_nocache(tmp_path_factory):
-    "The same run recomputing everything (the cache neither read nor written): the reference for determinism and resume."
-    def make(d):
-        run_cli("--profile", "tiny", "--out_dir", d / "out", "--no_cache")
-        return {"out": d / "out"}
-    return Path(shared_run(tmp_path_factory, "tiny_run_nocache", make)["out"])
-
-
 # The smallest configuration that still shows a whole run's mechanisms (generation, a homoglyph attack with its
 # sanitize defense, two detectors that read one panel pass, calibration, every table and figure): for tests that compare
 # a run made another way (Ray, a resume after SIGKILL) with a reference run, byte for byte. A third of the tiny run's work.
@@ -98,6 +89,15 @@ def small_run_nocache(tmp_path_factory):
         run_cli(*SMALL, "--out_dir", d / "out", "--no_cache")
         return {"out": d / "out"}
     return Path(shared_run(tmp_path_factory, "small_run_nocache", make)["out"])
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory):
+    "The SMALL configuration with a store of its own, written as it computes: beside `small_run_nocache`, determinism."
+    def make(d):
+        run_cli(*SMALL, "--out_dir", d / "out", "--cache_dir", d / "store")
+        return {"out": d / "out"}
+    return Path(shared_run(tmp_path_factory, "small_run", make)["out"])
 
 
 @pytest.fixture
