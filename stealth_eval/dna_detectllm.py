@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .components import DETECTORS, Detector
 from .core import Cache, StealthEvalError, sha256_text
-from .detectors import BinocularsPair, PanelDetector, _position_stats, _row_arrays, _forward_batches, _identity_of, _log_softmax_list, _row_masks, _window
+from .detectors import BinocularsPair, PanelDetector, _position_stats, _row_arrays, _identity_of, _log_softmax_list, _row_masks, _window
 
 # %% auto #0
 __all__ = ['DNA_VERSION', 'DNA_SINGLE', 'dna_batch', 'dna_reference', 'dna_use', 'score_dna', 'DNADetectLLMPair']
