@@ -657,14 +657,23 @@ def _mix32(x):
     x = x ^ (x >> 15); x = _mul32(x, 0x846CA68B)
     return x ^ (x >> 16)
 
+_VOCAB_HASH = {}   # (vocabulary size, device) -> `_token_hash` of every token id: computed once, read at every step
+
+def _token_hash(v):
+    "The token id's half of `counter_uniform`'s hash."
+    return _mix32((v * 0x85EBCA77 + 0xC2B2AE3D) & _M32)
+
 def counter_uniform(seeds, steps, tokens):
     """Uniforms in (0, 1), float64: a fixed hash of (row seed, row step, token id), for every token id below `tokens`
     (an int: shape (rows, tokens)) or for the given token ids (a (rows, k) tensor: the same values at those ids)."""
     import torch
     dev = seeds.device
     k = _mix32((seeds.long() & _M32) ^ _mix32((steps.long() * 0x9E3779B9 + 0x7F4A7C15) & _M32))
-    v = torch.arange(tokens, device=dev, dtype=torch.long)[None] if isinstance(tokens, int) else tokens.long()
-    h = _mix32(k[:, None] ^ _mix32((v * 0x85EBCA77 + 0xC2B2AE3D) & _M32))
+    if isinstance(tokens, int):      # the token half of the hash depends on nothing else: once per vocabulary and device
+        t = _VOCAB_HASH.get((tokens, str(dev)))
+        if t is None: t = _VOCAB_HASH[(tokens, str(dev))] = _token_hash(torch.arange(tokens, device=dev, dtype=torch.long))[None]
+    else: t = _token_hash(tokens.long())
+    h = _mix32(k[:, None] ^ t)
     return (h.double() + 0.5) / 4294967296.0
 
 # %% ../nbs/02_models.ipynb #6203d7a7

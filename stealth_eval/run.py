@@ -22,10 +22,11 @@ from .core import (StealthEvalError, file_sha256, get_logger, git_commit, packag
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_INTERNAL', 'EXIT_USER', 'EXIT_INTERRUPTED', 'EXIT_TERMINATED', 'OFFLINE_ENV', 'DATASET_SUFFIXES',
-           'PREVIOUS_RUN', 'STAGE_TAG', 'INTERRUPT_GRACE_S', 'build_parser', 'check_offline', 'RunInterrupted',
-           'StageFailed', 'check_dataset_args', 'usable_dir', 'kernel_problem', 'run_files', 'set_aside_previous_run',
-           'stage_notebook', 'InterruptGuard', 'interrupt_guard', 'user_error_names', 'RunLog', 'run_pipeline',
-           'readme_from_index', 'report_main', 'cache_report', 'cache_main', 'raid_detector', 'main']
+           'PREVIOUS_RUN', 'STAGE_TAG', 'NOTEBOOK_SAVE_S', 'INTERRUPT_GRACE_S', 'build_parser', 'check_offline',
+           'RunInterrupted', 'StageFailed', 'check_dataset_args', 'usable_dir', 'kernel_problem', 'run_files',
+           'set_aside_previous_run', 'stage_notebook', 'InterruptGuard', 'interrupt_guard', 'user_error_names',
+           'stage_engine', 'RunLog', 'run_pipeline', 'readme_from_index', 'report_main', 'cache_report', 'cache_main',
+           'raid_detector', 'main']
 
 # %% ../nbs/90_run.ipynb #8de8dc29
 EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143   # ok, bug, user error, SIGINT, SIGTERM
@@ -269,6 +270,38 @@ def _signal_kernel(pid: int, signum: int):
         try: os.kill(pid, signum)
         except OSError: pass
 
+# %% ../nbs/90_run.ipynb #a2d2a6ea
+NOTEBOOK_SAVE_S = 5.0   # seconds between writes of a running stage's notebook; its end is always written
+
+def stage_engine() -> str:
+    "The name of papermill's engine for stage notebooks (registered on first use): papermill's nbclient engine, throttled writes."
+    from papermill.engines import NBClientEngine, NotebookExecutionManager, papermill_engines
+    if "stealth_eval" in papermill_engines._engines: return "stealth_eval"
+    class StageRecord(NotebookExecutionManager):
+        writes = 0
+        def save(self, **kw):
+            due = self.writes == 0 or self.end_time is not None or \
+                  (self.now() - self.last_save_time).total_seconds() >= NOTEBOOK_SAVE_S
+            if due:
+                super().save(**kw)
+                self.writes += 1
+    class StageEngine(NBClientEngine):
+        @classmethod
+        def execute_notebook(cls, nb, kernel_name, output_path=None, progress_bar=True, log_output=False,
+                             autosave_cell_every=30, **kw):
+            "papermill's `Engine.execute_notebook`, its record a `StageRecord`."
+            man = StageRecord(nb, output_path=output_path, progress_bar=progress_bar, log_output=log_output,
+                              autosave_cell_every=autosave_cell_every)
+            man.notebook_start()
+            try: cls.execute_managed_notebook(man, kernel_name, log_output=log_output, **kw)
+            finally:
+                man.cleanup_pbar()
+                man.notebook_complete()      # sets end_time: always written
+            return man.nb
+    papermill_engines.register("stealth_eval", StageEngine)
+    return "stealth_eval"
+
+
 # %% ../nbs/90_run.ipynb #147c483e
 INTERRUPT_GRACE_S = 10.0   # seconds a forwarded Ctrl-C may take before the stage kernel is stopped
 
@@ -301,6 +334,7 @@ def _execute_stage(guard: InterruptGuard, nb: str, src, dst: Path, params: dict,
     def work():
         try:
             pm.execute_notebook(src, str(dst), parameters=params, kernel_name="python3", cwd=str(project_root()),
+                                engine_name=stage_engine(),
                                 progress_bar=False, log_output=True, extra_arguments=["--IPKernelApp.log_level=CRITICAL"],
                                 stdout_file=log_stream, stderr_file=log_stream, kernel_manager_class=StageKernelManager,
                                 on_cell_execute=before_cell, on_cell_executed=after_cell)
