@@ -9,7 +9,9 @@ Paths (ratio = project throughput / baseline throughput; 1.0 = as fast as the pl
   one forward each, log-likelihood, log-rank, entropy and the Fast-DetectGPT statistic computed on the device;
 - generation: `models.sample_continuations` (temperature 1, top-p 0.95, seeded per row) vs
   `model.generate(do_sample=True, top_p=0.95)` at the same batch size and the same number of new tokens;
-- embeddings: `models.load_embedder(spec).encode` vs one padded batch of 64 at a time with masked mean pooling.
+- embeddings: `models.load_embedder(spec).encode` vs one padded batch of 64 at a time with masked mean pooling;
+- sampler (`--paths sampler`): one decode step's draw at Qwen3's vocabulary, no model: `models.seeded_sample` vs
+  `torch.multinomial` on the softmax.
 
 Models: on CUDA the random-weight stand-ins of the paper's real shapes (`stealth_eval.rehearsal`, scale "full":
 Falcon-7b for scoring, Qwen3-4B for generation, E5-base for embeddings); on the CPU the same architectures at reduced
@@ -166,6 +168,29 @@ def bench_generation(spec, texts, device, n_prompts, new_tokens, batch_size, pro
             "project_per_s": n_proj / t_proj, "baseline_per_s": n_base / t_base, "project_s": t_proj, "baseline_s": t_base}
 
 
+# ---------------------------------------------------------------- sampler
+def bench_sampler(device, vocab, rows, steps=20):
+    """One decode step's draw without the model: `models.seeded_sample` (T=1, top-p 1: Gumbel-max with counter-based
+    noise over the whole vocabulary, each row its own seed) vs `torch.multinomial` on the softmax (one generator)."""
+    import torch
+    from stealth_eval.models import seeded_sample
+    z = torch.randn(rows, vocab, device=device) * 3
+    seeds = torch.arange(rows, device=device)
+    seeded_sample(z, seeds, torch.zeros(rows, dtype=torch.long, device=device))   # warm-up
+    sync(device); t0 = time.perf_counter()
+    for s in range(steps): seeded_sample(z, seeds, torch.full((rows,), s, dtype=torch.long, device=device))
+    sync(device); t_proj = time.perf_counter() - t0
+    gen = torch.Generator(device=device).manual_seed(0)
+    torch.multinomial(torch.softmax(z, -1), 1, generator=gen)
+    sync(device); t0 = time.perf_counter()
+    for s in range(steps): torch.multinomial(torch.softmax(z, -1), 1, generator=gen)
+    sync(device); t_base = time.perf_counter() - t0
+    return {"path": "sampling step (top-p 1)", "project": "models.seeded_sample (a seed per row)",
+            "baseline": "torch.multinomial(softmax) (one generator)", "model": f"vocabulary {vocab:,}",
+            "items": f"{rows} rows x {steps} steps", "unit": "rows/s", "project_per_s": rows * steps / t_proj,
+            "baseline_per_s": rows * steps / t_base, "project_s": t_proj, "baseline_s": t_base}
+
+
 # ---------------------------------------------------------------- embeddings
 def bench_embeddings(spec, texts, device, batch_size=64, max_length=512):
     import numpy as np
@@ -311,7 +336,8 @@ def main():
     ap.add_argument("--new_tokens", type=int, default=None, help="new tokens per prompt (default 128 / 32)")
     ap.add_argument("--gen_batch", type=int, default=None, help="generation batch size for both (default 32 / 8)")
     ap.add_argument("--n_embed", type=int, default=None, help="texts embedded (default 256 / 64)")
-    ap.add_argument("--paths", nargs="+", default=["scoring", "generation", "embeddings"])
+    ap.add_argument("--paths", nargs="+", default=["scoring", "generation", "embeddings"],
+                    help="scoring, generation, embeddings, sampler (a decode step's draw at Qwen3's vocabulary, no model)")
     ap.add_argument("--rehearsal", action="store_true", help="also run the rehearsal profile and print its stage table")
     ap.add_argument("--rehearsal_set", nargs="*", default=None, help="--set values for that run (default on the CPU: tiny sizes)")
     ap.add_argument("--rehearsal_dir", default=None, help="print the stage table of this existing rehearsal run")
@@ -328,10 +354,15 @@ def main():
     report = {"machine": machine(device), "device": device, "scale": scale, "paths": [],
               "note": "ratio = project / baseline throughput, measured in this run" +
                       ("" if cuda else "; CPU, reduced shapes: a smoke test, not figures to quote")}
-    names = {"scoring": "falcon-7b", "generation": "qwen3-4b-instruct-2507", "embeddings": "e5-base-v2"}
-    folders = build_rehearsal_models(scale=scale, names=[names[p] for p in args.paths])
+    names = {"scoring": "falcon-7b", "generation": "qwen3-4b-instruct-2507", "embeddings": "e5-base-v2", "sampler": None}
+    folders = build_rehearsal_models(scale=scale, names=[names[p] for p in args.paths if names[p]])
     texts = lee_texts(max(pick(args.n_score, 96, 24), pick(args.n_embed, 256, 64), pick(args.n_prompts, 32, 8)))
     for path in args.paths:
+        if path == "sampler":
+            r = bench_sampler(device, 151936, pick(args.gen_batch, 32, 8))
+            r["ratio"] = r["project_per_s"] / r["baseline_per_s"]
+            report["paths"].append(r)
+            continue
         spec = str(folders[names[path]])
         print(f"[bench] {path} on {Path(spec).name} ({scale}, {device}) ...", file=sys.stderr)
         if path == "scoring":

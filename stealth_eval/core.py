@@ -368,6 +368,13 @@ class Cache:
         "Forget the values held by `fetch(..., hold=True)`."
         self._held.clear()
 
+    def sibling(self) -> "Cache":
+        """A `Cache` on the same store and engine with counters of its own that reads the values this one holds (until
+        either releases them): the next step of a stage process reads the same pass and reports its own hits and misses."""
+        c = Cache(self.root, self.enabled, self.engine)
+        c._held = self._held
+        return c
+
     def by_text(self, namespace: str, texts: list, compute, **parts) -> dict:
         "sha256(text) -> value of each distinct text, keyed by (namespace, text, parts): `fetch` with `compute(texts)`."
         uniq = {sha256_text(t): t for t in texts}

@@ -211,7 +211,11 @@ def fetch_lm_uses(spec: str | None, cfg: dict, cache: Cache, uses: list, hold: b
     length alone (the readers' models share their position limit: a pair shares a tokenizer and its limits)."""
     from stealth_eval.models import load_causal_lm, lm_kwargs, scoring_budget
     specs_of = lambda u: tuple(uses[u].specs or (spec,))
-    keys = {(u, n): k for u, use in enumerate(uses) for n, k in use.keys.items()}
+    keys, same = {}, {}   # an entry two uses read (one cache key: one value) is fetched once, for the first of them
+    for u, use in enumerate(uses):
+        for n, k in use.keys.items():
+            if k in same: continue
+            same[k] = (u, n); keys[(u, n)] = k
     def compute(miss):
         short = [i for i, (u, n) in enumerate(miss) if uses[u].seqs[n] is None]
         if short: yield short, [uses[miss[i][0]].short(miss[i][1]) for i in short]
@@ -239,7 +243,7 @@ def fetch_lm_uses(spec: str | None, cfg: dict, cache: Cache, uses: list, hold: b
             desc = f"{' + '.join(uses[u].desc for u in readers)}: {' / '.join(models)}"
             yield from _forward_batches([lm_of(m) for m in models], [s for s, _ in items], budget, granule, desc, take)
     got = cache.fetch(keys, compute, hold=hold)
-    return [{n: got[(u, n)] for n in use.keys} for u, use in enumerate(uses)]
+    return [{n: got[same[k]] for n, k in use.keys.items()} for use in uses]
 
 # %% ../nbs/20_detectors.ipynb #d940fa48
 def panel_stats(lm, text: str, max_tokens: int = 512) -> dict | None:
@@ -456,7 +460,9 @@ def _overlapping(uses: list) -> list:
         groups = [g for g in groups if g not in joined] + [[v for g in joined for v in g] + [u]]
     return groups
 
-def run_detectors_stage(cfg: dict, cache: Cache | None = None):
+def run_detectors_stage(cfg: dict, cache: Cache | None = None,
+                        also: list = (),         # more reads of the models' passes (`LMUse`): e.g. `quality.quality_uses`
+                        release: bool = True):   # False: the values stay held for the caller's next step (it releases them)
     "Score every output row with every detector; write `scores.parquet`; return the table."
     import numpy as np
     import pandas as pd
@@ -484,6 +490,7 @@ def run_detectors_stage(cfg: dict, cache: Cache | None = None):
             for spec, use in declared:
                 use.specs = use.specs or (spec,)
                 if all(use.keys != u.keys for u in uses): uses.append(use)
+    uses += [u for u in also if all(u.keys != v.keys for v in uses)]
     for group in _overlapping(uses):   # the uses whose models overlap: fetched together
         try: fetch_lm_uses(None, cfg, cache, group, hold=True)
         except ComponentUnavailable: pass   # each detector that reads it meets the same error below and is reported
@@ -533,5 +540,5 @@ def run_detectors_stage(cfg: dict, cache: Cache | None = None):
     scores = scores.sort_values(["dataset", "detector_name", "label", "condition", "sample_id", "candidate_rank"], kind="stable").reset_index(drop=True)
     scores.to_parquet(Path(cfg["out_dir"]) / "scores.parquet", index=False)
     write_json(Path(cfg["out_dir"]) / "cache_stats" / "20_detectors.json", cache.stats())
-    cache.release()
+    if release: cache.release()
     return scores

@@ -255,9 +255,16 @@ def _fresh_causal_lm(spec: str, device: str = "auto", trust_remote_code: bool = 
     return _load_causal_lm.__wrapped__(spec, *_canonical(device, trust_remote_code, revision, dtype, attn_implementation))
 
 @lru_cache(maxsize=8)
+def _tokenizer(src: str, revision: str | None, trust_remote_code: bool, local_only: bool):
+    """One tokenizer object per files and options in a process: a model's `LoadedLM` and `load_tokenizer` share it
+    (Gemma's 262k-token tokenizer takes 4-9 s to load; a scoring stage needs it for both)."""
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(src, revision=revision, trust_remote_code=trust_remote_code, local_files_only=local_only)
+
+@lru_cache(maxsize=8)
 def _load_causal_lm(spec: str, device: str, trust_remote_code: bool, revision: str | None, dtype: str, attn: str) -> LoadedLM:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()   # our own log line says what loads; per-tensor bars are noise in run logs
     get_logger().info(f"loading {spec} on {device} ({dtype}, {attn} attention)")
@@ -269,7 +276,7 @@ def _load_causal_lm(spec: str, device: str, trust_remote_code: bool, revision: s
     else: src, meta = spec, {"source": "hub", "revision": revision}
     local_only = offline_mode()
     try:
-        tok = AutoTokenizer.from_pretrained(src, revision=revision, trust_remote_code=trust_remote_code, local_files_only=local_only)
+        tok = _tokenizer(str(src), revision, trust_remote_code, local_only)
         model = AutoModelForCausalLM.from_pretrained(src, revision=revision, dtype=getattr(torch, dtype), use_safetensors=True,
                                                      attn_implementation=attn, trust_remote_code=trust_remote_code,
                                                      local_files_only=local_only)
@@ -326,11 +333,9 @@ def _model_source(spec: str):
 
 @lru_cache(maxsize=8)
 def load_tokenizer(spec: str, trust_remote_code: bool = False, revision: str | None = None):
-    "The tokenizer of a causal LM alone (memoised): cache keys that depend on token counts need no model load."
-    from transformers import AutoTokenizer
-    try:
-        return AutoTokenizer.from_pretrained(_model_source(spec), revision=revision, trust_remote_code=trust_remote_code,
-                                             local_files_only=offline_mode())
+    """The tokenizer of a causal LM alone (memoised; the same object as the loaded model's): cache keys that depend on
+    token counts need no model load."""
+    try: return _tokenizer(str(_model_source(spec)), revision, trust_remote_code, offline_mode())
     except OSError as e:
         raise StealthEvalError(f"could not load the tokenizer of {spec!r}: {str(e).splitlines()[0]}") from e
 

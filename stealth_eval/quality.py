@@ -12,14 +12,14 @@ import numpy as np
 import pandas as pd
 
 from .components import unedited
-from .core import Cache, read_jsonl, sha256_text, write_json
-from .detectors import score_texts
+from .core import Cache, ComponentUnavailable, StealthEvalError, read_jsonl, sha256_text, write_json
+from .detectors import panel_use, score_texts
 from .engine import run_cache
 from .models import similarities
 
 # %% auto #0
-__all__ = ['QUALITY_COLS', 'QUANTILES', 'word_edit_rate', 'chrf', 'quality_sources', 'compute_quality', 'quality_summary',
-           'run_quality_stage']
+__all__ = ['QUALITY_COLS', 'QUANTILES', 'word_edit_rate', 'chrf', 'quality_sources', 'quality_uses', 'compute_quality',
+           'quality_summary', 'run_quality_stage']
 
 # %% ../nbs/25_quality.ipynb #6c5df174
 def word_edit_rate(src: str, out: str) -> float:
@@ -45,13 +45,29 @@ def quality_sources(outs):
     return [by_id.get((d, l, i), by_src.get((d, l, s))) for d, l, i, s in zip(outs["dataset"], outs["label"], outs["sample_id"], src_col)]
 
 # %% ../nbs/25_quality.ipynb #a44b6204
-def compute_quality(outs, cfg: dict, cache: Cache):
-    "quality.parquet rows for every AI output (candidate 0) and every edited human text among `outs` (raw_outputs.jsonl rows)."
+def _measured(outs):
+    "The rows quality measures among `outs` (raw_outputs.jsonl rows): AI outputs (candidate 0) and edited human texts, with their sources."
     outs = outs[outs["candidate_rank"] == 0]
     edited_human = (outs["label"] == "human") & ~unedited(outs, defense=None)
     q = outs[(outs["label"] == "ai") | edited_human].copy()
     keep = ((outs["label"] == "ai") | edited_human).to_numpy()
     q["source_text"] = [s for s, k in zip(quality_sources(outs), keep) if k]
+    return q
+
+def quality_uses(cfg: dict, cache: Cache) -> list:
+    """The quality LM's read of a forward pass (`detectors.LMUse`: each measured valid text's first `score_max_tokens`
+    tokens), for the scoring stage to fetch with the detectors' reads: where `quality_lm` is the scoring model (every
+    profile) its perplexity costs no pass of its own, also with the store off. Empty where the tokenizer cannot load:
+    `run_quality_stage` then meets and reports the same problem itself."""
+    q = _measured(pd.DataFrame(read_jsonl(Path(cfg["out_dir"]) / "raw_outputs.jsonl")))
+    texts = q.loc[q["valid"].astype(bool), "text_out"].tolist()
+    if not texts: return []
+    try: return [panel_use(texts, cfg["quality_lm"], cfg, cache, [int(cfg["score_max_tokens"])])[0]]
+    except (StealthEvalError, ComponentUnavailable, OSError): return []
+
+def compute_quality(outs, cfg: dict, cache: Cache):
+    "quality.parquet rows for every AI output (candidate 0) and every edited human text among `outs` (raw_outputs.jsonl rows)."
+    q = _measured(outs)
     ok = q["valid"].to_numpy() & q["source_text"].map(lambda t: isinstance(t, str)).to_numpy()   # imported outputs may lack a source
     sims = similarities(list(zip(q.loc[ok, "source_text"], q.loc[ok, "text_out"])), cfg["embedder"], cfg, cache)
     q["sim"] = np.nan
