@@ -489,8 +489,8 @@ def run_detectors_stage(cfg: dict, cache: Cache | None = None,
             except ComponentUnavailable: declared = []   # its own computation below meets it and reports it
             for spec, use in declared:
                 use.specs = use.specs or (spec,)
-                if all(use.keys != u.keys for u in uses): uses.append(use)
-    uses += [u for u in also if all(u.keys != v.keys for v in uses)]
+                uses.append(use)
+    uses += list(also)   # a read declared twice (e.g. Lastde and Lastde++) is fetched once: one cache key, one value
     for group in _overlapping(uses):   # the uses whose models overlap: fetched together
         try: fetch_lm_uses(None, cfg, cache, group, hold=True)
         except ComponentUnavailable: pass   # each detector that reads it meets the same error below and is reported

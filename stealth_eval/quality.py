@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from .components import unedited
-from .core import Cache, ComponentUnavailable, StealthEvalError, read_jsonl, sha256_text, write_json
+from .core import Cache, StealthEvalError, read_jsonl, sha256_text, write_json
 from .detectors import panel_use, score_texts
 from .engine import run_cache
 from .models import similarities
@@ -63,7 +63,7 @@ def quality_uses(cfg: dict, cache: Cache) -> list:
     texts = q.loc[q["valid"].astype(bool), "text_out"].tolist()
     if not texts: return []
     try: return [panel_use(texts, cfg["quality_lm"], cfg, cache, [int(cfg["score_max_tokens"])])[0]]
-    except (StealthEvalError, ComponentUnavailable, OSError): return []
+    except (StealthEvalError, OSError): return []   # ComponentUnavailable is a StealthEvalError
 
 def compute_quality(outs, cfg: dict, cache: Cache):
     "quality.parquet rows for every AI output (candidate 0) and every edited human text among `outs` (raw_outputs.jsonl rows)."

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 
 from .config import PIPELINE
@@ -273,10 +274,10 @@ def _signal_kernel(pid: int, signum: int):
 # %% ../nbs/90_run.ipynb #a2d2a6ea
 NOTEBOOK_SAVE_S = 5.0   # seconds between writes of a running stage's notebook; its end is always written
 
+@lru_cache(maxsize=None)
 def stage_engine() -> str:
-    "The name of papermill's engine for stage notebooks (registered on first use): papermill's nbclient engine, throttled writes."
+    "The name of papermill's engine for stage notebooks (registered once): papermill's nbclient engine, throttled writes."
     from papermill.engines import NBClientEngine, NotebookExecutionManager, papermill_engines
-    if "stealth_eval" in papermill_engines._engines: return "stealth_eval"
     class StageRecord(NotebookExecutionManager):
         writes = 0
         def save(self, **kw):
