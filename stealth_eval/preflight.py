@@ -597,7 +597,8 @@ PATHS_RUN = {   # the paths step: the paper's settings but for the perturbations
     "perturbation.n_perturbations": 4, "perturbation.max_attempts": 2, "paraphrase_max_new_ratio": 0.5, "n_candidates": [1, 2],
 }
 SHORT_RUN = {   # --short on a CPU: the layers shapes through 48-token windows (T5: 64), budgets to match (minutes on 2 cores)
-    "score_max_tokens": 48, "score_batch_tokens": 256, "embed_batch_tokens": 512, "lastde.n_samples": 10,
+    # scoring passes of two 64-token rows: the one text and one dummy row, a padded bucket as on a GPU (4 rows took 3/4 filler)
+    "score_max_tokens": 48, "score_batch_tokens": 128, "embed_batch_tokens": 512, "lastde.n_samples": 10,
     "paraphrase_chunk_tokens": 64, "perturbation.t5_max_input_tokens": 64, "perturbation.t5_max_length": 40,
     "perturbation.n_perturbations": 1, "perturbation.fill_batch_tokens": 512, "perturbation.batch_size": 4,
     "score_windows": {d: 48 for d in ("dna_detectllm", "lastde", "lastde_pp", "binoculars")},

@@ -27,6 +27,55 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 
 
+# ---------------------------------------------------------------- the order of the tests: longest files first, two halves
+# pytest-xdist's `worksteal` hands the first half of the collected tests to one worker and the second half to the other;
+# a worker that runs out steals the tail of the other's queue. The suite is a few dozen command-line runs of 1-8
+# minutes among ~500 tests of a second, so in collection order one worker could end minutes after the other, or wait
+# idle for a shared run the other is making. Ordered by the durations measured in a full run (tests/durations.json;
+# `STEALTH_EVAL_DURATIONS=FILE make test` writes a new one), the test files are dealt longest first, each to the half
+# with less work so far, and each half runs its longest files first: the tails that get stolen are short. A file stays
+# whole (its module fixtures, such as a benchmark run, are made once), and nothing about a test changes but when it runs.
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def order_by_duration(ids: list, durations: dict) -> list:
+    """`ids` (node ids, a file's tests consecutive) reordered: the files dealt longest first to two halves by their
+    measured seconds, each half longest file first; the first half holds at least len(ids) // 2 tests (xdist's first
+    worker takes exactly that many: the rest of the first half, its shortest files, go to the second worker first)."""
+    files: dict = {}
+    for i in ids: files.setdefault(i.split("::")[0], []).append(i)
+    secs = {f: sum(durations.get(i, 0.0) for i in t) for f, t in files.items()}
+    halves, work = ([], []), [0.0, 0.0]
+    for f in sorted(files, key=lambda f: (-secs[f], f)):
+        k = 0 if work[0] <= work[1] else 1
+        halves[k].append(f); work[k] += secs[f]
+    while sum(len(files[f]) for f in halves[0]) < len(ids) // 2 and halves[1]:   # too few in the first half: its
+        halves[0].append(halves[1].pop())                                          # worker would take the second's longest
+    return [i for h in halves for f in h for i in files[f]]
+
+
+def pytest_collection_modifyitems(config, items):
+    "Run order: `order_by_duration` with the measured durations (collection order where none are recorded)."
+    if not DURATIONS.exists(): return
+    durations = json.loads(DURATIONS.read_text())
+    by_id = {it.nodeid: it for it in items}
+    items[:] = [by_id[i] for i in order_by_duration([it.nodeid for it in items], durations)]
+
+
+_SPENT: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    _SPENT[report.nodeid] = _SPENT.get(report.nodeid, 0.0) + report.duration   # setup + call + teardown
+
+
+def pytest_sessionfinish(session):
+    "`STEALTH_EVAL_DURATIONS=FILE`: the controller writes each test's seconds (setup, call and teardown) to FILE."
+    path = os.environ.get("STEALTH_EVAL_DURATIONS")
+    if path and not hasattr(session.config, "workerinput") and _SPENT:
+        Path(path).write_text(json.dumps({k: round(v, 1) for k, v in sorted(_SPENT.items())}, indent=0) + "\n")
+
+
 def run_cli(*args, check=True, timeout=1800):
     "Run `python -m stealth_eval.run ARGS` as a user would; return the CompletedProcess."
     env = {**os.environ, "STEALTH_EVAL_PROGRESS": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}

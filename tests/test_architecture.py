@@ -134,7 +134,8 @@ class TypeTokenRatio(Detector):
 '''
 
 
-def test_a_plugin_detector_runs_end_to_end_through_the_cli(tmp_path):
+def test_a_plugin_detector_runs_end_to_end_through_the_cli(tmp_path, warm_store):
+    "A plugin's detector beside a panel detector, through the CLI: scored, calibrated, tabled, drawn (the texts cached)."
     plugin = tmp_path / "ttr_plugin.py"
     plugin.write_text(PLUGIN, encoding="utf-8")
     out = tmp_path / "run"
@@ -143,7 +144,8 @@ def test_a_plugin_detector_runs_end_to_end_through_the_cli(tmp_path):
     bad = run_cli("--detectors", "type_token_ratio", "--out_dir", out, check=False)
     assert bad.returncode == 2 and "unknown detector 'type_token_ratio'" in bad.stderr   # without the plugin: not known
     run_cli("--profile", "tiny", "--plugin", plugin, "--detectors", "log_likelihood", "type_token_ratio",
-            "--methods", "m5", "--set", "data.n_per_class=6", "n_bootstrap=50", "--out_dir", out, "--offline")
+            "--methods", "m5", "--set", "data.n_per_class=6", "n_bootstrap=50", "--out_dir", out, "--offline",
+            "--cache_dir", warm_store)   # the tiny run's first 6 texts a class: generations, attacks and panel scores cached
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["plugins"] == [str(plugin.resolve())] and cfg["detectors"] == ["log_likelihood", "type_token_ratio"]
     s = pd.read_parquet(out / "scores.parquet")
