@@ -392,14 +392,15 @@ def explore(run_dir="artifacts", n_examples: int = 4):
         t = "–" if d["threshold"] is None else f"{d['threshold']:.4g}"
         rows = "".join(f"<tr><td>{html.escape(e['sample_id'])}</td><td>{e['score']:.4f}</td><td>{'yes' if e['flagged'] else 'no'}</td>"
                        f"<td style='text-align:left'>{html.escape(e['text'])}</td></tr>" for e in d["examples"])
-        info.value = (f"<p><b>threshold</b> {t} (1% FPR target, calibrated on {d['n_human']} human texts) &nbsp; "
-                      f"<b>TPR</b> {d['tpr_at_threshold']:.3f} over {d['n_ai']} AI texts &nbsp; <b>FPR</b> {d['fpr_at_threshold']:.3f}</p>"
-                      f"<table><tr><th>sample</th><th>score</th><th>flagged</th><th>text</th></tr>{rows}</table>")
+        page = (f"<p><b>threshold</b> {t} (1% FPR target, calibrated on {d['n_human']} human texts) &nbsp; "
+                f"<b>TPR</b> {d['tpr_at_threshold']:.3f} over {d['n_ai']} AI texts &nbsp; <b>FPR</b> {d['fpr_at_threshold']:.3f}</p>"
+                f"<table><tr><th>sample</th><th>score</th><th>flagged</th><th>text</th></tr>{rows}</table>")
         if d["views"]:   # per domain, threshold transfer, length strata (30_calibration_metrics)
             ci = lambda v: "" if v["ci_low"] is None or v["ci_low"] != v["ci_low"] else f" [{v['ci_low']:.3f}, {v['ci_high']:.3f}]"
-            info.value += ("<p><b>as a deployment sets the threshold</b></p><table><tr><th>view</th><th>group</th><th>metric</th>"
-                           "<th>value</th></tr>" + "".join(f"<tr><td>{v['view']}</td><td>{html.escape(str(v['group']))}</td>"
-                           f"<td>{v['metric']}</td><td>{v['value']:.3f}{ci(v)}</td></tr>" for v in d["views"]) + "</table>")
+            page += ("<p><b>as a deployment sets the threshold</b></p><table><tr><th>view</th><th>group</th><th>metric</th>"
+                     "<th>value</th></tr>" + "".join(f"<tr><td>{v['view']}</td><td>{html.escape(str(v['group']))}</td>"
+                     f"<td>{v['metric']}</td><td>{v['value']:.3f}{ci(v)}</td></tr>" for v in d["views"]) + "</table>")
+        info.value = page   # one update: the numbers, the examples and the views are never shown half drawn
 
     def options(*_):
         busy[0] = True
