@@ -3,6 +3,7 @@
 # %% ../nbs/08_engine.ipynb #0b1cd28d
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -80,7 +81,9 @@ class RayEngine:
     def __init__(self, settings=None):  # the run's `engine` section
         from stealth_eval.schema import Engine
         self.settings = Engine.from_dict(dict(settings or {}), "engine") if not isinstance(settings, Engine) else settings
-        require_ray()                                  # fail now, before any work, when Ray is missing
+        # fail now, before any work, when Ray is missing; import it (seconds) at the first computation: a stage whose
+        # values are all stored, or that computes nothing, never pays for it
+        if importlib.util.find_spec("ray") is None: require_ray()
 
     def plan(self, n_items: int, resources: dict) -> dict:
         "Workers and resources per actor for `n_items` items on a cluster with `resources` (Ray's resource dict)."
