@@ -141,12 +141,30 @@ def small_run_nocache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def small_run(tmp_path_factory):
-    "The SMALL configuration with a store of its own, written as it computes: beside `small_run_nocache`, determinism."
+def small_run_resumed(tmp_path_factory):
+    """The SMALL configuration with a store of its own, written as it computes, killed (SIGKILL: the runner and its
+    stage kernel) once 10 panel scores are stored, then run again to the end on that store. Beside `small_run_nocache`:
+    a run resumed after a kill, and a run whose values come from its store (those stored before the kill) and from the
+    computation (the rest), against one that recomputes everything (resume; determinism)."""
+    import signal
+    import time
     def make(d):
-        run_cli(*SMALL, "--out_dir", d / "out", "--cache_dir", d / "store")
-        return {"out": d / "out"}
-    return Path(shared_run(tmp_path_factory, "small_run", make)["out"])
+        store, out = d / "store", d / "out"
+        proc = subprocess.Popen([sys.executable, "-m", "stealth_eval.run", *SMALL, "--cache_dir", str(store), "--out_dir", str(out)],
+                                cwd=ROOT, env={**os.environ, "STEALTH_EVAL_PROGRESS": "0"}, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+        panel, deadline = store / "lm_panel", time.time() + 600
+        while time.time() < deadline and proc.poll() is None and len(list(panel.rglob("*.json"))) < 10:
+            time.sleep(0.2)
+        alive = proc.poll() is None
+        if alive: os.killpg(proc.pid, signal.SIGKILL)          # mid-scoring: the runner and its notebook kernel
+        proc.wait()
+        rec = {"out": out, "alive_at_kill": alive, "n_stored": len(list(panel.rglob("*.json"))),
+               "metrics_after_kill": (out / "metrics.json").exists()}
+        run_cli(*SMALL, "--cache_dir", store, "--out_dir", out)
+        return rec
+    r = shared_run(tmp_path_factory, "small_run_resumed", make)
+    return {**r, "out": Path(r["out"])}
 
 
 @pytest.fixture

@@ -122,9 +122,12 @@ def test_run_info_provenance(tiny_run):
     assert "lee_news: mean over detectors" in tiny_run["stdout"]
 
 
-def test_same_seed_same_scores_without_cache(small_run, small_run_nocache):
+def test_same_seed_same_scores_without_cache(small_run_resumed, small_run_nocache):
     """Determinism: a run that recomputes everything (no cache) gives the scores, metrics and tables of one that writes
-    its store as it computes (the SMALL configuration: every panel detector reads the same pass)."""
+    its store as it computes and reads back what it stored (the SMALL configuration, killed mid-scoring and run again:
+    `small_run_resumed`; every panel detector reads the same pass)."""
+    small_run = small_run_resumed["out"]
+    assert small_run_resumed["n_stored"] >= 10                 # values read from the store as well as computed
     a = pd.read_parquet(small_run / "scores.parquet")
     b = pd.read_parquet(small_run_nocache / "scores.parquet")
     pd.testing.assert_frame_equal(a, b, check_exact=True)
