@@ -76,10 +76,14 @@ def pytest_sessionfinish(session):
         Path(path).write_text(json.dumps({k: round(v, 1) for k, v in sorted(_SPENT.items())}, indent=0) + "\n")
 
 
+def cli_env() -> dict:
+    "The environment of a command-line run started by a test: no progress bars, no hub."
+    return {**os.environ, "STEALTH_EVAL_PROGRESS": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
 def run_cli(*args, check=True, timeout=1800):
     "Run `python -m stealth_eval.run ARGS` as a user would; return the CompletedProcess."
-    env = {**os.environ, "STEALTH_EVAL_PROGRESS": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    p = subprocess.run([sys.executable, "-m", "stealth_eval.run", *map(str, args)], cwd=ROOT, env=env,
+    p = subprocess.run([sys.executable, "-m", "stealth_eval.run", *map(str, args)], cwd=ROOT, env=cli_env(),
                        capture_output=True, text=True, timeout=timeout)
     if check and p.returncode != 0:
         raise AssertionError(f"stealth-eval {' '.join(map(str, args))} exited {p.returncode}\nSTDOUT:\n{p.stdout[-4000:]}\nSTDERR:\n{p.stderr[-6000:]}")
@@ -151,7 +155,7 @@ def small_run_resumed(tmp_path_factory):
     def make(d):
         store, out = d / "store", d / "out"
         proc = subprocess.Popen([sys.executable, "-m", "stealth_eval.run", *SMALL, "--cache_dir", str(store), "--out_dir", str(out)],
-                                cwd=ROOT, env={**os.environ, "STEALTH_EVAL_PROGRESS": "0"}, stdout=subprocess.DEVNULL,
+                                cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
         panel, deadline = store / "lm_panel", time.time() + 600
         while time.time() < deadline and proc.poll() is None and len(list(panel.rglob("*.json"))) < 10:

@@ -246,3 +246,15 @@ def test_the_readme_names_every_stand_in_and_what_it_stands_in_for():
         row = next((l for l in rows if f"`{n}`" in l.split(" | ")[0]), None)    # the row's first cell names it
         assert row is not None, f"README: no stand-in row for {n}"
         assert d.stands_in_for.split()[0] in row.split(" | ")[1], (n, d.stands_in_for, row)   # in its "stands in for" cell
+
+
+def test_the_test_order_keeps_files_whole_and_the_first_half_full():
+    "conftest.order_by_duration: files dealt longest first to the half with less work; xdist's first N // 2 are half one."
+    from conftest import order_by_duration
+    ids = [f"{f}::t{k}" for f, n in (("a.py", 3), ("b.py", 1), ("c.py", 4), ("d.py", 2)) for k in range(n)]
+    dur = {"a.py::t0": 50, "b.py::t0": 90, "c.py::t1": 10, "d.py::t0": 40}
+    order = order_by_duration(ids, dur)
+    assert sorted(order) == sorted(ids)
+    files = [i.split("::")[0] for i in order]
+    assert files == ["b.py", "c.py", "c.py", "c.py", "c.py", "a.py", "a.py", "a.py", "d.py", "d.py"]   # halves b, c (5 tests) and a, d
+    assert [i for i in order if i.startswith("c.py")] == [f"c.py::t{k}" for k in range(4)]             # a file's own order
