@@ -90,10 +90,21 @@ def _noting_repeats(repeated: dict):
         return d
     return hook
 
+class _NotJSON(str): "NaN, Infinity or -Infinity as a file wrote it: Python's `json` reads them, JSON has no such values."
+
+def _not_json_at(rows: list):
+    "(row, column, literal) of the first NaN/Infinity literal in the rows' values (at any depth), else None."
+    def find(v):
+        if isinstance(v, _NotJSON): return v
+        for x in (v.values() if isinstance(v, dict) else v if isinstance(v, list) else ()):
+            if (hit := find(x)) is not None: return hit
+    return next(((i, k, hit) for i, r in enumerate(rows) for k, v in r.items() if (hit := find(v)) is not None), None)
+
 def _read_json_rows(path: Path, columns) -> list:
-    "A JSON array of objects that all have `columns`, each key once per object."
+    "A JSON array of objects that all have `columns`, each key once per object; NaN and Infinity (not JSON) refused."
     repeated = {}   # id of an object -> its first repeated key
-    try: rows = json.loads(Path(path).read_bytes().decode("utf-8"), object_pairs_hook=_noting_repeats(repeated))
+    try: rows = json.loads(Path(path).read_bytes().decode("utf-8"), object_pairs_hook=_noting_repeats(repeated),
+                           parse_constant=_NotJSON)
     except UnicodeDecodeError as e: raise StealthEvalError(f"{path}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise StealthEvalError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
@@ -103,6 +114,8 @@ def _read_json_rows(path: Path, columns) -> list:
         i, k = next(((i, repeated[id(r)]) for i, r in enumerate(rows) if id(r) in repeated), ("?", next(iter(repeated.values()))))
         raise StealthEvalError(f"{path}: row {i}: key {k!r} occurs twice in one JSON object; each key once (the last value "
                                "would silently win)")
+    bad = _not_json_at(rows)
+    if bad: raise StealthEvalError(f"{path}: row {bad[0]}: column {bad[1]!r} holds {bad[2]}, which is not JSON (a strict reader refuses NaN and Infinity)")
     miss = Counter(c for r in rows for c in columns if c not in r)
     if miss:
         first = next(i for i, r in enumerate(rows) if any(c not in r for c in columns))
@@ -113,10 +126,17 @@ def _read_json_rows(path: Path, columns) -> list:
     return rows
 
 def _read_csv_rows(path: Path, columns) -> list:
-    "The rows of a CSV file as dicts of strings (empty cells are '')."
+    "The rows of a CSV file as dicts of strings (empty cells are ''); a column named twice in the header is refused."
+    import csv, io
     import pandas as pd
-    try: df = pd.read_csv(path, dtype=str, keep_default_na=False, encoding="utf-8")
+    try: text = Path(path).read_bytes().decode("utf-8")
     except UnicodeDecodeError as e: raise StealthEvalError(f"{path}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
+    try: header = next(csv.reader(io.StringIO(text, newline="")), [])
+    except csv.Error as e: raise StealthEvalError(f"{path}: not a readable CSV file ({e})") from None
+    twice = [c for c, n in Counter(header).items() if n > 1]
+    if twice:   # pandas would rename the second one ('id.1') and read the first: the wrong column, silently
+        raise StealthEvalError(f"{path}: column(s) {_few(twice)} occur twice in the header; each column once")
+    try: df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as e:
         raise StealthEvalError(f"{path}: not a readable CSV file ({e})") from None
     missing = [c for c in columns if c not in df.columns]
@@ -230,8 +250,9 @@ def apt_polished_file(kind: str, polisher: str) -> str: return f"data/polished/p
 # %% ../nbs/04_benchmarks.ipynb #ff631df7
 def _apt_ids(f, rows) -> list:
     ids = [r["id"] for r in rows]
-    bad = [i for i in ids if not i.isdigit()]
-    if bad: raise StealthEvalError(f"{f}: non-integer value(s) {_few(dict.fromkeys(bad))} in column 'id'")
+    bad = [i for i in ids if not re.fullmatch(r"0|[1-9][0-9]*", i)]   # ASCII digits as written: '007' and '7' would be one id
+    if bad: raise StealthEvalError(f"{f}: non-integer value(s) {_few(dict.fromkeys(bad))} in column 'id' (plain digits, "
+                                   f"no sign, space or leading zero)")
     dup = [k for k, n in Counter(ids).items() if n > 1]
     if dup: raise StealthEvalError(f"{f}: duplicate value(s) {_few(dup)} in column 'id'; ids must be unique in a file")
     return [int(i) for i in ids]

@@ -421,6 +421,8 @@ def _run_stages(nbs: Path, out: Path, params: dict, info: dict, mon=None, guard:
         info["files"] = run_files(out, info.get("found", ()))
         write_json(out / "run_info.json", info)
         log.info(f"stage {nb} done in {time.time() - t0:.0f} s")
+        if nb == "00_data":   # 24_score_files: each key of a scores file names one text of one dataset (the texts just written)
+            from stealth_eval.score_files import check_score_keys; check_score_keys(out)
 
 # %% ../nbs/90_run.ipynb #499de534
 def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detectors=None, n_candidates=None,
@@ -456,6 +458,8 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
         moved = set_aside_previous_run(out)    # a run folder holds one run: the last one's files go to .previous_run/
         found = run_files(out)                 # the files this run did not write (the user's)
         (out / "notebooks").mkdir(parents=True, exist_ok=True)
+        from stealth_eval.score_files import keep_score_files   # 24_score_files: the bytes read once above, kept in the run
+        cfg = keep_score_files(cfg, out)
         write_json(out / "config.json", cfg)
         params = {"config_path": str(out / "config.json")}   # resolved once: every stage loads this file
         info = {"command": sys.argv, "parameters": {"profile": profile, "overrides": ov, "plugins": cfg["plugins"], **params}, "offline": bool(offline), "versions": package_versions(), "git": git_commit(), "found": found, "files": [],

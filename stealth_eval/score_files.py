@@ -5,122 +5,320 @@
 # %% ../nbs/24_score_files.ipynb #a299cd8f
 from __future__ import annotations
 
+import csv
+import errno
+import io
 import json
 import math
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .components import DETECTORS, Detector
-from .core import StealthEvalError, file_sha256, get_logger, sha256_text
+from .core import StealthEvalError, atomic_write_bytes, get_logger, read_json, sha256_bytes, sha256_text, write_json
 
 # %% auto #0
-__all__ = ['SCORE_FILE_SUFFIXES', 'SCORES_PREFIX', 'RAID_PREFIX', 'read_score_file', 'ScoreFileDetector', 'expand_score_specs',
-           'register_score_files', 'raid_predictions', 'write_raid_predictions']
+__all__ = ['SCORE_FILE_SUFFIXES', 'NUMBER', 'DIRECTIONS', 'SHA256', 'SCORES_PREFIX', 'KEPT', 'RAID_PREFIX', 'parse_score_file',
+           'read_score_file', 'run_ids', 'check_datasets', 'text_scores', 'ScoreFileDetector', 'expand_score_specs',
+           'register_score_files', 'keep_score_files', 'check_score_keys', 'raid_predictions', 'write_raid_predictions']
 
-# %% ../nbs/24_score_files.ipynb #5b1f50fc
+# %% ../nbs/24_score_files.ipynb #b3ee06f5
 SCORE_FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
+NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")   # JSON's number grammar (RFC 8259 §6)
+DIRECTIONS = {"1": 1, "+1": 1, "-1": -1}   # a direction as written (CSV cell, JSON string or integer)
+SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 
-def _json_rows(path: Path):
-    "The rows and the declared direction of a .json scores file (a list of objects, or {direction, scores})."
-    import pandas as pd
-    from stealth_eval.data import _DECODER, _RepeatedKey
-    try: obj = _DECODER.decode(path.read_bytes().decode("utf-8-sig"))
-    except UnicodeDecodeError as e: raise StealthEvalError(f"{path}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
-    except json.JSONDecodeError as e: raise StealthEvalError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except _RepeatedKey as e: raise StealthEvalError(f"{path}: {e}") from None
-    direction = None
-    if isinstance(obj, dict):
-        direction, obj = obj.get("direction"), obj.get("scores")
-    if not isinstance(obj, list) or not all(isinstance(r, dict) for r in obj):
-        raise StealthEvalError(f"{path}: expected a list of {{id or text_sha256, score}} objects (or {{direction, scores: [...]}})")
-    for r in obj:
-        if "id" in r and hasattr(r["id"], "text"): r["id"] = r["id"].text     # an id as written, never a float round-trip
-    return pd.DataFrame(obj), direction
+class _Num(str): "A JSON number literal, as written."
+class _Cell(str): "A CSV cell: text, its kind unknown."
+class _Bad(str): "A JSON NaN, Infinity or -Infinity: no strict JSON reader accepts it."
+class _Obj(dict):
+    "A JSON object; `repeated`: its first key written twice."
+    repeated = None
 
-# %% ../nbs/24_score_files.ipynb #8fe28470
-def _number(v):
-    "A finite float from a score cell, else None (strings are parsed: CSV is read as text)."
-    if isinstance(v, bool) or v is None: return None
+def _object(pairs: list) -> _Obj:
+    d = _Obj()
+    for k, v in pairs:
+        if k in d and d.repeated is None: d.repeated = k
+        d[k] = v
+    return d
+
+_STRICT = json.JSONDecoder(object_pairs_hook=_object, parse_float=_Num, parse_int=_Num, parse_constant=_Bad)
+
+def _shown(v) -> str:
+    "A cell as the file wrote it, for an error."
+    if isinstance(v, (_Num, _Bad)): return str(v)
+    if isinstance(v, str): return repr(str(v)[:40])
+    return json.dumps(v, default=str)[:40] if isinstance(v, (bool, type(None), list, dict)) else repr(v)
+
+# %% ../nbs/24_score_files.ipynb #aca19128
+def _number(v) -> float:
+    "A finite float from a cell, or ValueError saying why not."
+    if isinstance(v, _Bad): raise ValueError("is not JSON (NaN and Infinity are not numbers in JSON; a strict reader refuses them)")
+    if isinstance(v, _Cell) and not NUMBER.fullmatch(v):
+        raise ValueError("is not a number as JSON writes one (digits, an optional '.' and exponent: 0.5, -3, 1e-4)")
+    if not isinstance(v, (_Num, _Cell)) and (isinstance(v, (bool, str)) or not isinstance(v, (int, float))):
+        raise ValueError(f"is a {'string' if isinstance(v, str) else type(v).__name__}, not a number")
     try: x = float(v)
-    except (TypeError, ValueError): return None
-    return x if math.isfinite(x) else None
+    except OverflowError: x = math.inf
+    if not math.isfinite(x): raise ValueError("is not a finite number")
+    return x
+
+def _direction(v) -> int:
+    "+1 or -1 from a cell (1, +1, -1: a JSON integer, a CSV cell or a string), or ValueError."
+    if isinstance(v, str) and str(v) in DIRECTIONS and not isinstance(v, _Bad): return DIRECTIONS[str(v)]
+    if isinstance(v, int) and not isinstance(v, bool) and v in (1, -1): return v
+    raise ValueError("must be +1 (higher = more AI) or -1 (higher = more human)")
+
+def _text(v, what: str):
+    "An id or dataset name from a cell: a string or an integer, as written; None when empty."
+    if v is None or (isinstance(v, str) and not isinstance(v, _Bad) and v == ""): return None
+    if isinstance(v, _Bad) or isinstance(v, (bool, float)) or not isinstance(v, (str, int)):
+        raise ValueError(f"is not a string or an integer (an {what} is written as one)")
+    return str(v)
+
+def _digest(v) -> str | None:
+    "A text_sha256 cell: 64 hex digits (either case), or ValueError."
+    if v is None or (isinstance(v, _Cell) and v == ""): return None
+    if not isinstance(v, str) or isinstance(v, (_Num, _Bad)) or not SHA256.fullmatch(v):
+        raise ValueError("is not a SHA-256 hex digest (64 hex digits)")
+    return str(v).lower()
+
+# %% ../nbs/24_score_files.ipynb #db300b3a
+def _json_rows(text: str, path) -> tuple:
+    "A .json file's (row names, rows, declared direction): a list of objects, or {direction, scores: [...]}."
+    try: obj = _STRICT.decode(text)
+    except json.JSONDecodeError as e: raise StealthEvalError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})") from None
+    direction = None
+    if isinstance(obj, _Obj):
+        if obj.repeated: raise StealthEvalError(f"{path}: key {obj.repeated!r} occurs twice in the top object")
+        extra = sorted(set(obj) - {"direction", "scores"})
+        if extra or "scores" not in obj:
+            raise StealthEvalError(f"{path}: expected {{\"direction\": ..., \"scores\": [...]}}, "
+                                   + (f"found key(s) {', '.join(map(repr, extra))}" if extra else "found no 'scores'"))
+        direction, obj = obj.get("direction", None), obj["scores"]
+        if direction is None: raise StealthEvalError(f"{path}: 'direction' is null; +1 (higher = more AI) or -1")
+    if not isinstance(obj, list) or not all(isinstance(r, _Obj) for r in obj):
+        raise StealthEvalError(f"{path}: expected a list of {{id or text_sha256, score}} objects (or {{direction, scores: [...]}})")
+    return [f"item {i + 1}" for i in range(len(obj))], obj, direction
+
+def _jsonl_rows(text: str, path) -> tuple:
+    "A .jsonl file's (row names, rows, None): one object per line, rows named by line."
+    names, rows = [], []
+    for i, line in enumerate(text.split("\n"), 1):
+        if not line.strip(): continue
+        try: r = _STRICT.decode(line)
+        except json.JSONDecodeError as e: raise StealthEvalError(f"{path}: line {i}: not valid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(r, _Obj): raise StealthEvalError(f"{path}: line {i}: expected a JSON object")
+        names.append(f"line {i}"); rows.append(r)
+    return names, rows, None
+
+def _csv_rows(text: str, path) -> tuple:
+    "A .csv file's (row names, rows, None): a header, then rows of as many fields; cells kept as text (`_Cell`)."
+    names, rows, header = [], [], None
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
+        for fields in reader:
+            if not fields: continue                       # a blank line
+            if header is None:
+                header = fields
+                seen = [c for c in header if c]
+                twice = next((c for c in seen if seen.count(c) > 1), None)
+                if twice is not None: raise StealthEvalError(f"{path}: column {twice!r} occurs twice in the header")
+                continue
+            n = len(rows) + 1
+            if len(fields) != len(header):
+                raise StealthEvalError(f"{path}: row {n}: {len(fields)} fields, the header has {len(header)}")
+            names.append(f"row {n}")
+            rows.append({c: (_Cell(v) if v != "" else None) for c, v in zip(header, fields) if c})
+    except csv.Error as e: raise StealthEvalError(f"{path}: line {reader.line_num}: not valid CSV ({e})") from None
+    return names, rows, None
+
+def _parquet_rows(data: bytes, path) -> tuple:
+    "A .parquet file's (row names, rows, None): typed cells; a column name twice is refused."
+    import pyarrow as pa, pyarrow.parquet as pq
+    try: t = pq.read_table(pa.BufferReader(data))
+    except Exception as e:   # pyarrow raises ArrowInvalid, OSError or others for a damaged or non-Parquet file
+        raise StealthEvalError(f"{path}: not a readable Parquet file ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]})") from None
+    twice = next((c for c in t.column_names if t.column_names.count(c) > 1), None)
+    if twice is not None: raise StealthEvalError(f"{path}: column {twice!r} occurs twice")
+    rows = t.to_pylist()
+    return [f"row {i + 1}" for i in range(len(rows))], rows, None
+
+# %% ../nbs/24_score_files.ipynb #055d6a08
+def _table(data: bytes, suffix: str, path) -> tuple:
+    "(row names, rows, declared direction) of a scores file's bytes, by its suffix; not UTF-8 is refused."
+    if suffix == ".parquet": return _parquet_rows(data, path)
+    try: text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e: raise StealthEvalError(f"{path}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
+    return {".json": _json_rows, ".jsonl": _jsonl_rows, ".csv": _csv_rows}[suffix](text, path)
+
+def parse_score_file(data: bytes,                          # the file's bytes, as read once
+                     path,                                 # its name in errors (its suffix picks the format)
+                     default_direction: int | None = None  # the direction its format declares (RAID's: +1), else None
+                     ) -> dict:
+    """{'direction', 'rows': [(row name, text_sha256, id, dataset, score)]} of a scores file's bytes, every row checked;
+    a problem is one line naming the file and the row. A RAID file's null score is a text it did not score (score None)."""
+    names, rows, declared = _table(data, Path(path).suffix, path)
+    cols = {c for r in rows for c in r}
+    if rows and "score" not in cols: raise StealthEvalError(f"{path}: no 'score' column (columns: {', '.join(map(repr, sorted(cols)))})")
+    if rows and not cols & {"text_sha256", "id"}:
+        raise StealthEvalError(f"{path}: no key column: give 'text_sha256' (of the text as scored) or 'id' (a dataset row's id)")
+    where = "the file's 'direction'"
+    if declared is not None:
+        try: declared = _direction(declared)
+        except ValueError as e: raise StealthEvalError(f"{path}: direction {_shown(declared)}: {e}") from None
+    if declared is None and default_direction is None and rows and "direction" not in cols:
+        raise StealthEvalError(f"{path}: no direction declared: add a 'direction' column (+1: higher = more AI, -1: higher = more human)")
+    out, first = [], {}
+    for name, r in zip(names, rows):
+        def bad(what): return StealthEvalError(f"{path}: {name}: {what}")
+        if getattr(r, "repeated", None): raise bad(f"key {r.repeated!r} occurs twice in one object")
+        if "direction" in r:
+            try: d = _direction(r["direction"])
+            except ValueError as e: raise bad(f"direction {_shown(r['direction'])}: {e}") from None
+            if declared is None: declared, where = d, f"{name}'s direction"
+            elif d != declared: raise bad(f"direction {d:+d} contradicts {where} ({declared:+d}); one direction for the file")
+        cells = {}
+        for k, read in (("text_sha256", _digest), ("id", lambda v: _text(v, "id")), ("dataset", lambda v: _text(v, "dataset"))):
+            try: cells[k] = read(r.get(k))
+            except ValueError as e: raise bad(f"{k} {_shown(r.get(k))} {e}") from None
+        sha, id_, ds = cells["text_sha256"], cells["id"], cells["dataset"]
+        if sha is None and id_ is None: raise bad("no text_sha256 or id")
+        if ds is not None and id_ is None: raise bad(f"dataset {ds!r} without an id (a dataset says whose id a row gives)")
+        v = r.get("score")
+        if v is None and default_direction is not None and "score" in r: score = None   # RAID's null: a text it did not score
+        elif v is None: raise bad("no score")
+        else:
+            try: score = _number(v)
+            except ValueError as e: raise bad(f"score {_shown(v)} {e}") from None
+        for key, shown in ((("sha", sha), f"text_sha256 {sha[:16] if sha else ''}..."), (("id", ds, id_), f"id {id_!r}" + (f" of dataset {ds!r}" if ds else ""))):
+            if key[-1] is None: continue
+            if key in first: raise bad(f"{shown} is given twice (first in {first[key]})")
+            first[key] = name
+        out.append((name, sha, id_, ds, score))
+    if declared is not None and default_direction is not None and declared != default_direction:
+        raise StealthEvalError(f"{path}: {where} is {declared:+d}, but a RAID predictions file is higher = more machine ({default_direction:+d})")
+    if declared is None: declared = default_direction
+    if declared is None:
+        raise StealthEvalError(f"{path}: no direction declared: add a 'direction' column (+1: higher = more AI, -1: higher = more human)")
+    if not any(s is not None for *_, s in out): raise StealthEvalError(f"{path}: no scores")
+    return {"direction": declared, "rows": out}
+
+# %% ../nbs/24_score_files.ipynb #4f63091e
+_CONTENT = {}   # (sha256, suffix, default direction) -> a parsed file: one parse per process and content
+_READ = {}      # sha256 -> {bytes, stat} of a file read before a run, until the runner keeps the bytes in the run folder
+
+def _regular(path: Path, what: str = "scores file") -> Path:
+    "`path` resolved, when it names a regular file; else one line (no such file, a symlink loop, a folder, a FIFO)."
+    try: p = path.resolve(strict=True)
+    except FileNotFoundError: raise StealthEvalError(f"{path}: no such {what}") from None
+    except (RuntimeError, OSError) as e:      # RuntimeError: Python's "Symlink loop"; OSError: ELOOP, EACCES, ...
+        why = "a symlink loop" if "loop" in str(e).lower() or getattr(e, "errno", None) == errno.ELOOP else (getattr(e, "strerror", None) or str(e))
+        raise StealthEvalError(f"{path}: cannot be read as a {what}: {why}") from None
+    if not p.is_file(): raise StealthEvalError(f"{path}: not a regular file (a {what} is a .json, .jsonl, .csv or .parquet file)")
+    return p
 
 def read_score_file(path, default_direction: int | None = None) -> dict:
-    """{'direction', 'by_sha', 'by_id', 'sha256'} of a scores file, every row checked; a problem is one line naming the
-    file and the row. `default_direction`: the direction a format declares for its files (RAID's: +1)."""
-    from stealth_eval.data import _read_table, _row_names
+    """A scores file read once: its bytes' SHA-256 and stat, then `parse_score_file` of those same bytes:
+    {'direction', 'rows', 'sha256', 'path', 'bytes', 'stat'}."""
     path = Path(path).expanduser()
     if path.suffix not in SCORE_FILE_SUFFIXES:
         raise StealthEvalError(f"{path}: unsupported scores file type {path.suffix!r} (use {', '.join(SCORE_FILE_SUFFIXES)})")
-    if not path.is_file(): raise StealthEvalError(f"{path}: no such scores file (or not a regular file)")
-    df, direction = _json_rows(path) if path.suffix == ".json" else (_read_table(path), None)
-    rows = _row_names(df) if path.suffix != ".json" else [f"item {i + 1}" for i in range(len(df))]
-    if "score" not in df.columns: raise StealthEvalError(f"{path}: no 'score' column")
-    keys = [k for k in ("text_sha256", "id") if k in df.columns]
-    if not keys: raise StealthEvalError(f"{path}: no key column: give 'text_sha256' (of the text as scored) or 'id' (a dataset row's id)")
-    if "direction" in df.columns:
-        vals = {str(v).strip() for v in df["direction"].tolist()}
-        if len(vals) != 1: raise StealthEvalError(f"{path}: the direction column holds {len(vals)} values; one (+1 or -1) for the file")
-        direction = vals.pop()
-    if direction is None: direction = default_direction
-    if direction is None:
-        raise StealthEvalError(f"{path}: no direction declared: add a 'direction' column (+1: higher = more AI, -1: higher = more human)")
-    d = _number(direction)
-    if d not in (1.0, -1.0): raise StealthEvalError(f"{path}: direction {direction!r}: must be +1 (higher = more AI) or -1")
-    out = {"direction": int(d), "by_sha": {}, "by_id": {}, "sha256": file_sha256(path), "path": str(path.resolve())}
-    for i, r in enumerate(df.to_dict(orient="records")):
-        s = _number(r.get("score"))
-        v = r.get("score")
-        if s is None and default_direction is not None and (v is None or (isinstance(v, float) and math.isnan(v))):
-            continue                 # RAID's layout: a null score is a text the detector did not score (left out)
-        if s is None: raise StealthEvalError(f"{path}: {rows[i]}: score {r.get('score')!r} is not a finite number")
-        keyed = False
-        for k, store in (("text_sha256", out["by_sha"]), ("id", out["by_id"])):
-            v = r.get(k)
-            if v is None or (isinstance(v, float) and math.isnan(v)) or str(v) == "": continue
-            v = str(v).strip().lower() if k == "text_sha256" else str(v)
-            if k == "text_sha256" and (len(v) != 64 or any(c not in "0123456789abcdef" for c in v)):
-                raise StealthEvalError(f"{path}: {rows[i]}: text_sha256 {v[:20]!r} is not a SHA-256 hex digest")
-            if v in store: raise StealthEvalError(f"{path}: {rows[i]}: {k} {v!r} is given twice")
-            store[v] = s; keyed = True
-        if not keyed: raise StealthEvalError(f"{path}: {rows[i]}: no text_sha256 or id")
-    if not out["by_sha"] and not out["by_id"]: raise StealthEvalError(f"{path}: no scores")
+    p = _regular(path)
+    with open(p, "rb") as fh:
+        data, st = fh.read(), os.fstat(fh.fileno())
+    sha = sha256_bytes(data)
+    key = (sha, p.suffix, default_direction)
+    if key not in _CONTENT: _CONTENT[key] = parse_score_file(data, path, default_direction)
+    _READ[sha] = {"data": data, "stat": [st.st_size, st.st_mtime_ns]}
+    return {**_CONTENT[key], "sha256": sha, "path": str(p), "bytes": len(data), "stat": _READ[sha]["stat"]}
+
+def _verified(path, sha256: str, default_direction: int | None) -> dict:
+    "The parsed content of the bytes whose SHA-256 is `sha256`: parsed already in this process, or read from `path` and verified."
+    key = (sha256, Path(path).suffix, default_direction)
+    if key not in _CONTENT:
+        with open(_regular(Path(path)), "rb") as fh: data = fh.read()
+        if sha256_bytes(data) != sha256:
+            raise StealthEvalError(f"{path}: its SHA-256 is {sha256_bytes(data)[:16]}..., not the {sha256[:16]}... read before the "
+                                   f"run: the run's copy of a scores file changed; rerun stealth-eval")
+        _CONTENT[key] = parse_score_file(data, path, default_direction)
+    return _CONTENT[key]
+
+# %% ../nbs/24_score_files.ipynb #e4811acf
+def run_ids(cfg: dict) -> dict:
+    "{dataset: {id: sha256 of its text}} of the run's datasets, from the data stage's `data/<dataset>.jsonl` (absent: {})."
+    from stealth_eval.core import read_jsonl
+    out = {}
+    for spec in cfg.get("datasets") or []:
+        name = spec["name"] if isinstance(spec, dict) else str(spec)
+        p = Path(cfg["out_dir"]) / "data" / f"{name}.jsonl"
+        out[name] = {str(r["id"]): sha256_text(r["text"]) for r in read_jsonl(p) if isinstance(r.get("text"), str)} if p.is_file() else {}
     return out
 
-# %% ../nbs/24_score_files.ipynb #1dcd311d
+def check_datasets(content: dict, datasets, path) -> None:
+    "Refuse a row whose `dataset` is not one of the run's (one line: file, row, the run's datasets)."
+    names = [d["name"] if isinstance(d, dict) else str(d) for d in datasets]
+    for row, _, _, ds, _ in content["rows"]:
+        if ds is not None and ds not in names:
+            raise StealthEvalError(f"{path}: {row}: dataset {ds!r} is not a dataset of this run (its datasets: {', '.join(names)})")
+
+def text_scores(content: dict, ids: dict, path) -> tuple:
+    "({text sha256: score}, rows unused) of a parsed scores file over the run's texts (`run_ids`); what names no one text is refused."
+    check_datasets(content, list(ids), path)
+    by_sha, by_row, unused = {}, {}, 0
+    for row, sha, id_, ds, score in content["rows"]:
+        def bad(what): return StealthEvalError(f"{path}: {row}: {what}")
+        named = {}
+        if id_ is not None:
+            for name in ([ds] if ds is not None else ids):
+                if id_ in ids[name]: named.setdefault(ids[name][id_], []).append(name)
+            if len(named) > 1:
+                raise bad(f"id {id_!r} names different texts in datasets {', '.join(sorted(n for v in named.values() for n in v))} "
+                          f"of this run; add a 'dataset' column naming one")
+        target = next(iter(named), None)
+        if sha is not None and target is not None and sha != target:
+            raise bad(f"id {id_!r} (dataset {named[target][0]}) is a text whose SHA-256 is {target[:16]}..., "
+                      f"not the row's text_sha256 {sha[:16]}...")
+        target = sha or target
+        if target is None: unused += 1; continue
+        if score is None: continue                                        # RAID: a text the detector did not score
+        if target in by_sha and by_sha[target] != score:
+            raise bad(f"scores the text that {by_row[target]} scores, differently ({score!r} here, {by_sha[target]!r} there)")
+        by_sha[target], by_row[target] = score, by_row.get(target, row)
+    return by_sha, unused
+
+# %% ../nbs/24_score_files.ipynb #6c98ca92
 SCORES_PREFIX = "scores:"
+KEPT = "score_files"   # the run's copies of its scores files, and manifest.json describing them
 
 @dataclass(frozen=True, kw_only=True)
 class ScoreFileDetector(Detector):
     "A detector whose scores come from a file (see above); registered per run as `scores:NAME`."
-    path: str = ""
+    path: str = ""                    # the bytes it reads: the run's copy (or, outside a run, the file read before)
+    sha256: str = ""                  # their SHA-256, taken when the file was read once
+    source_file: str = ""             # the user's file
     default_direction: int | None = None
     family: str = "external"
     stat: str = "score"
     none_reason: str = "not in the scores file"
 
-    def model(self, cfg: dict) -> str: return f"scores file {Path(self.path).name}@sha256:{file_sha256(self.path)[:16]}"
-    def source(self, cfg: dict) -> tuple: return ("scores_file", self.path)
+    def model(self, cfg: dict) -> str: return f"scores file {Path(self.source_file or self.path).name}@sha256:{self.sha256[:16]}"
+    def source(self, cfg: dict) -> tuple: return ("scores_file", self.sha256, self.default_direction)
 
     def compute(self, texts: list, cfg: dict, cache) -> dict:
-        f = read_score_file(self.path, self.default_direction)
-        by_sha = dict(f["by_sha"])
-        if f["by_id"]:   # an id names a dataset row's original text
-            from stealth_eval.core import read_jsonl
-            for p in sorted((Path(cfg["out_dir"]) / "data").glob("*.jsonl")):
-                if p.name.endswith(".train.jsonl"): continue
-                for r in read_jsonl(p):
-                    if str(r.get("id")) in f["by_id"] and isinstance(r.get("text"), str):
-                        by_sha.setdefault(sha256_text(r["text"]), f["by_id"][str(r["id"])])
+        content = _verified(self.path, self.sha256, self.default_direction)
+        by_sha, unused = text_scores(content, run_ids(cfg), self.source_file or self.path)
+        if unused: get_logger().info(f"{self.name}: {unused} row(s) of {self.source_file} name no text of this run: not used")
         out = {}
         for t in texts:
             h = sha256_text(t)
             out[h] = None if h not in by_sha else {"score": by_sha[h], "truncated": False}
         missing = sum(v is None for v in out.values())
-        if missing: get_logger().warning(f"{self.name}: {missing} of {len(out)} texts are not in {self.path}: kept, marked invalid")
+        if missing: get_logger().warning(f"{self.name}: {missing} of {len(out)} texts are not in {self.source_file}: kept, marked invalid")
         return out
 
-# %% ../nbs/24_score_files.ipynb #a864f223
+# %% ../nbs/24_score_files.ipynb #3e7d101c
 RAID_PREFIX = "raid:"   # a RAID leaderboard predictions file: [{id, score}], higher = more AI (RAID's evaluation flags score >= t)
 
 def _split_spec(v: str) -> tuple:
@@ -129,32 +327,115 @@ def _split_spec(v: str) -> tuple:
 
 def expand_score_specs(detectors: list, score_files: dict) -> tuple:
     """(detector names, score_files): each `scores:PATH` (or `raid:PATH`, a RAID predictions file) becomes `scores:NAME`
-    with NAME -> the absolute path (`raid:` kept in front of a RAID file's)."""
-    files, names = dict(score_files or {}), []
+    with NAME -> the absolute path (`raid:` kept in front of a RAID file's). A file named twice, or a detector named
+    twice, is refused; so is a path that cannot be resolved (a symlink loop)."""
+    files, names = {}, []
+    for name, spec in (score_files or {}).items():      # --set score_files.NAME=PATH: absolute from here on
+        path, default = _split_spec(str(spec))
+        files[name] = (RAID_PREFIX if default else "") + str(_resolved(path, f"score_files.{name}"))
     for d in detectors:
         d = str(d)
         pre = next((p for p in (SCORES_PREFIX, RAID_PREFIX) if d.startswith(p)), None)
         if pre and Path(d[len(pre):]).suffix in SCORE_FILE_SUFFIXES:
             p = Path(d[len(pre):]).expanduser()
-            name, value = p.stem, (RAID_PREFIX if pre == RAID_PREFIX else "") + str(p.resolve())
+            name, value = p.stem, (RAID_PREFIX if pre == RAID_PREFIX else "") + str(_resolved(p, f"--detectors {d}"))
             if name in files and files[name] != value:
                 raise StealthEvalError(f"--detectors {d}: another scores file is already named {name!r} ({files[name]}); rename one")
             files[name] = value; d = SCORES_PREFIX + name
+        if d.startswith(SCORES_PREFIX) and d in names:
+            raise StealthEvalError(f"--detectors: {d} is named twice; name each scores file once")
         names.append(d)
+    by_file = {}
+    for name, spec in sorted(files.items()):
+        p = Path(_split_spec(spec)[0])
+        st = p.stat() if p.is_file() else None
+        ident = (st.st_dev, st.st_ino) if st else str(p)
+        if ident in by_file:
+            raise StealthEvalError(f"{p}: the same scores file is named twice (scores:{by_file[ident]} and scores:{name}); name it once")
+        by_file[ident] = name
     return names, files
 
+def _resolved(path, what: str) -> Path:
+    "An absolute path without following it past a symlink loop (a missing file is left to the reader's message)."
+    p = Path(path).expanduser()
+    try: return p.resolve()
+    except (RuntimeError, OSError) as e:     # Python's "Symlink loop from ..." (3.11) or ELOOP
+        raise StealthEvalError(f"{what}: {p}: cannot be resolved ({'a symlink loop' if 'loop' in str(e).lower() else e})") from None
+
+# %% ../nbs/24_score_files.ipynb #7521fb74
+def _kept_entry(path: Path) -> dict | None:
+    "The manifest entry of a run's kept copy `score_files/<sha256>.<suffix>` (None: not a run's copy)."
+    m = path.parent / "manifest.json"
+    if path.parent.name != KEPT or not SHA256.fullmatch(path.stem) or not m.is_file(): return None
+    entry = read_json(m).get(path.name)
+    return entry if isinstance(entry, dict) and entry.get("sha256") == path.stem else None
+
+def _note_change(name: str, entry: dict, copy: Path):
+    "Log (never refuse) a user's scores file that changed or went away after the run read it: the run uses its copy."
+    try: st = os.stat(entry["source"]); now = [st.st_size, st.st_mtime_ns]
+    except OSError: now = None
+    if now != entry.get("stat"):
+        get_logger().warning(f"scores:{name}: {entry['source']} {'is gone' if now is None else 'changed'} since the run read it; "
+                             f"the run goes on with what it read then (sha256 {entry['sha256'][:16]}..., kept in {copy})")
+
 def register_score_files(score_files: dict) -> list:
-    "Check each scores file and register its detector `scores:NAME` (again, in each stage); return the names."
+    """Register each scores file's detector `scores:NAME` (again, in each stage); return the names. A run's kept copy is
+    registered from its manifest (nothing read); a user's file is read once and checked (before the run)."""
     out = []
     for name, spec in sorted((score_files or {}).items()):
         path, default = _split_spec(spec)
-        f = read_score_file(path, default)
-        det = ScoreFileDetector(name=SCORES_PREFIX + name, direction=f["direction"], path=f["path"], label=name,
-                                default_direction=default,
-                                reference=f"scores read from {Path(path).name}" + (" (RAID predictions)" if default else ""))
-        DETECTORS.load().register(det)     # again in every stage (from config.json): the same file, the same detector
+        entry = _kept_entry(Path(path))
+        if entry is not None:
+            _note_change(name, entry, Path(path))
+            direction, sha, source = entry["direction"], entry["sha256"], entry["source"]
+        else:
+            f = read_score_file(path, default)
+            direction, sha, source, path = f["direction"], f["sha256"], f["path"], f["path"]
+        det = ScoreFileDetector(name=SCORES_PREFIX + name, direction=direction, path=str(path), sha256=sha, source_file=source,
+                                label=name, default_direction=default,
+                                reference=f"scores read from {Path(source).name}" + (" (RAID predictions)" if default else ""))
+        DETECTORS.load().register(det)     # again in every stage (from config.json): the same bytes, the same detector
         out.append(det.name)
     return out
+
+# %% ../nbs/24_score_files.ipynb #39c11e54
+def keep_score_files(cfg, out):
+    """Before the first stage (the runner): write each scores file's bytes, as read once before the run, into
+    `out/score_files/<sha256>.<suffix>`, describe them in `manifest.json` (the user's file, its SHA-256 and stat), and
+    return `cfg` with `score_files` naming the copies. A `dataset` column naming no dataset of the run is refused here."""
+    plain = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+    if not plain.get("score_files"): return cfg
+    folder, manifest, kept = Path(out) / KEPT, {}, {}
+    for name, spec in sorted(plain["score_files"].items()):
+        path, default = _split_spec(spec)
+        det = DETECTORS.load().entries.get(SCORES_PREFIX + name)
+        if not isinstance(det, ScoreFileDetector) or det.source_file != str(path) or det.sha256 not in _READ:
+            register_score_files({name: spec})          # not read in this process yet: read now, still before the run
+            det = DETECTORS.get(SCORES_PREFIX + name)
+        read = _READ[det.sha256]
+        content = _verified(det.path, det.sha256, default)
+        check_datasets(content, plain["datasets"], det.source_file)
+        copy = folder / f"{det.sha256}{Path(det.source_file).suffix}"
+        atomic_write_bytes(copy, read["data"], 0o644)
+        manifest[copy.name] = {"name": name, "source": det.source_file, "sha256": det.sha256, "bytes": len(read["data"]),
+                               "stat": read["stat"], "direction": det.direction, "format": "raid" if default else "scores",
+                               "rows": len(content["rows"])}
+        kept[name] = (RAID_PREFIX if default else "") + str(copy)
+    write_json(folder / "manifest.json", manifest)
+    for e in manifest.values(): _READ.pop(e["sha256"], None)     # kept in the run: the bytes leave memory
+    plain["score_files"] = kept
+    if not hasattr(cfg, "to_dict"): return plain
+    from stealth_eval.schema import Settings
+    return Settings.from_dict(plain)
+
+def check_score_keys(out) -> None:
+    "After the data stage (the runner): every key of every scores file of the run names one text of one dataset, or one line."
+    cfg = read_json(Path(out) / "config.json")
+    ids = None
+    for name in register_score_files(cfg.get("score_files")):
+        det = DETECTORS.get(name)
+        ids = run_ids(cfg) if ids is None else ids
+        text_scores(_verified(det.path, det.sha256, det.default_direction), ids, det.source_file)
 
 # %% ../nbs/24_score_files.ipynb #1ea15d57
 def raid_predictions(scores) -> dict:

@@ -23,7 +23,8 @@ def test_a_bad_scores_file_is_refused_before_the_run_in_one_line(tmp_path):
     f.write_text("id,score,direction\n1,0.5,1\n2,NaN,1\n")
     p = run_cli("--profile", "tiny", "--detectors", f"scores:{f}", "--out_dir", tmp_path / "run", check=False)
     assert p.returncode == 2, p.stderr[-2000:]
-    assert p.stderr.strip().splitlines()[-1] == f"stealth-eval: error: {f}: row 2: score 'NaN' is not a finite number"
+    assert p.stderr.strip().splitlines()[-1] == (f"stealth-eval: error: {f}: row 2: score 'NaN' is not a number as JSON writes one "
+                                                 "(digits, an optional '.' and exponent: 0.5, -3, 1e-4)")
     assert not (tmp_path / "run" / "config.json").exists()
 
 
@@ -42,7 +43,9 @@ def test_scores_from_a_file_are_calibrated_and_tabled_like_any_detector(tiny_run
     run_cli("--profile", "tiny", "--methods", "m0", "m5", "--detectors", "log_likelihood", f"scores:{f}", "--offline",
             "--out_dir", out, "--cache_dir", store)
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["detectors"] == ["log_likelihood", "scores:ext"] and cfg["score_files"] == {"ext": str(f.resolve())}
+    copy = out / "score_files" / f"{hashlib.sha256(f.read_bytes()).hexdigest()}.jsonl"     # the bytes read before the run
+    assert cfg["detectors"] == ["log_likelihood", "scores:ext"] and cfg["score_files"] == {"ext": str(copy)}
+    assert json.loads((out / "score_files" / "manifest.json").read_text())[copy.name]["source"] == str(f.resolve())
     s = pd.read_parquet(out / "scores.parquet")
     e = s[s["detector_name"] == "scores:ext"]
     assert set(e["detector_family"]) == {"external"} and e["detector_model"].iloc[0].startswith("scores file ext.jsonl@sha256:")
