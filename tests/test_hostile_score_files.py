@@ -175,6 +175,22 @@ def test_the_users_file_is_opened_once_and_the_copy_only_by_the_stage_that_score
     assert opened == ["ext.csv", f"{sha256_bytes(f.read_bytes())}.csv"], opened
 
 
+def test_a_rerun_reads_the_raid_file_its_previous_run_wrote_into_the_same_folder(tmp_path, monkeypatch):
+    """Before: the rerun's first step set the previous run's raid_predictions/ aside, and the scoring stage then failed on
+    the file it had checked a moment before. Now: the bytes were read before, and the run scores from its copy."""
+    a = _dataset(tmp_path / "a.jsonl", {"x": "alpha " + W, "y": "beta " + W})
+    out, _ = _run(tmp_path, monkeypatch, [a], ["log_rank"])
+    pred = out / "raid_predictions" / "a" / "d.json"
+    pred.parent.mkdir(parents=True)
+    pred.write_text(json.dumps([{"id": "x", "score": 0.91}, {"id": "y", "score": None}]))
+    info = json.loads((out / "run_info.json").read_text())
+    (out / "run_info.json").write_text(json.dumps({**info, "files": info["files"] + ["raid_predictions/a/d.json"]}))
+    got = {}
+    out, _ = _run(tmp_path, monkeypatch, [a], [f"raid:{pred}"], hooks={"20_detectors": lambda cfg: got.update(_scores(cfg, "scores:d"))})
+    assert not pred.exists() and (out / ".previous_run" / "raid_predictions" / "a" / "d.json").is_file()
+    assert got == {"alpha " + W: 0.91, "beta " + W: None}
+
+
 # 3. refused before the run, not a late traceback
 
 def test_a_symlink_loop_is_refused_in_one_line(tmp_path, monkeypatch):
@@ -187,6 +203,17 @@ def test_a_symlink_loop_is_refused_in_one_line(tmp_path, monkeypatch):
     with pytest.raises(StealthEvalError, match=r"score_files\.x: .*loop\.csv: cannot be resolved \(a symlink loop\)$"):
         _run(tmp_path, monkeypatch, [a], ["scores:x"], overrides={"score_files.x": str(loop)})
     assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_a_symlink_loop_on_the_command_line_exits_2_in_one_line(tmp_path):
+    "Before: a RuntimeError traceback and exit 1 (an internal error). Now: exit 2, one line."
+    from conftest import run_cli
+    loop = tmp_path / "loop.csv"
+    loop.symlink_to(loop)
+    p = run_cli("--profile", "tiny", "--detectors", f"scores:{loop}", "--out_dir", tmp_path / "run", check=False)
+    assert p.returncode == 2, p.stderr[-2000:]
+    assert p.stderr.strip().splitlines()[-1] == f"stealth-eval: error: --detectors scores:{loop}: {loop}: cannot be resolved (a symlink loop)"
+    assert "Traceback" not in p.stderr
 
 
 @pytest.mark.parametrize("detectors, overrides, says", [
