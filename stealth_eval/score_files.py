@@ -21,7 +21,7 @@ from .core import StealthEvalError, atomic_write_bytes, get_logger, read_json, s
 # %% auto #0
 __all__ = ['SCORE_FILE_SUFFIXES', 'NUMBER', 'DIRECTIONS', 'SHA256', 'SCORES_PREFIX', 'KEPT', 'RAID_PREFIX', 'parse_score_file',
            'read_score_file', 'run_ids', 'check_datasets', 'text_scores', 'ScoreFileDetector', 'expand_score_specs',
-           'register_score_files', 'keep_score_files', 'check_score_keys', 'raid_predictions', 'write_raid_predictions']
+           'register_score_files', 'keep_score_files', 'check_score_keys']
 
 # %% ../nbs/24_score_files.ipynb #b3ee06f5
 SCORE_FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
@@ -130,7 +130,7 @@ def _csv_rows(text: str, path) -> tuple:
             if len(fields) != len(header):
                 raise StealthEvalError(f"{path}: row {n}: {len(fields)} fields, the header has {len(header)}")
             names.append(f"row {n}")
-            rows.append({c: (_Cell(v) if v != "" else None) for c, v in zip(header, fields) if c})
+            rows.append({c: (_Cell(v) if v else None) for c, v in zip(header, fields) if c})
     except csv.Error as e: raise StealthEvalError(f"{path}: line {reader.line_num}: not valid CSV ({e})") from None
     return names, rows, None
 
@@ -153,6 +153,8 @@ def _table(data: bytes, suffix: str, path) -> tuple:
     except UnicodeDecodeError as e: raise StealthEvalError(f"{path}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
     return {".json": _json_rows, ".jsonl": _jsonl_rows, ".csv": _csv_rows}[suffix](text, path)
 
+def _row_error(path, row: str, what: str) -> StealthEvalError: return StealthEvalError(f"{path}: {row}: {what}")
+
 def parse_score_file(data: bytes,                          # the file's bytes, as read once
                      path,                                 # its name in errors (its suffix picks the format)
                      default_direction: int | None = None  # the direction its format declares (RAID's: +1), else None
@@ -170,32 +172,36 @@ def parse_score_file(data: bytes,                          # the file's bytes, a
         except ValueError as e: raise StealthEvalError(f"{path}: direction {_shown(declared)}: {e}") from None
     if declared is None and default_direction is None and rows and "direction" not in cols:
         raise StealthEvalError(f"{path}: no direction declared: add a 'direction' column (+1: higher = more AI, -1: higher = more human)")
-    out, first = [], {}
+    out, seen_sha, seen_id, last = [], {}, {}, None
     for name, r in zip(names, rows):
-        def bad(what): return StealthEvalError(f"{path}: {name}: {what}")
-        if getattr(r, "repeated", None): raise bad(f"key {r.repeated!r} occurs twice in one object")
-        if "direction" in r:
+        if getattr(r, "repeated", None): raise _row_error(path, name, f"key {r.repeated!r} occurs twice in one object")
+        if "direction" in r and (type(r["direction"]), r["direction"]) != last:     # a new direction as written: checked
+            last = type(r["direction"]), r["direction"]
             try: d = _direction(r["direction"])
-            except ValueError as e: raise bad(f"direction {_shown(r['direction'])}: {e}") from None
+            except ValueError as e: raise _row_error(path, name, f"direction {_shown(r['direction'])}: {e}") from None
             if declared is None: declared, where = d, f"{name}'s direction"
-            elif d != declared: raise bad(f"direction {d:+d} contradicts {where} ({declared:+d}); one direction for the file")
-        cells = {}
-        for k, read in (("text_sha256", _digest), ("id", lambda v: _text(v, "id")), ("dataset", lambda v: _text(v, "dataset"))):
-            try: cells[k] = read(r.get(k))
-            except ValueError as e: raise bad(f"{k} {_shown(r.get(k))} {e}") from None
-        sha, id_, ds = cells["text_sha256"], cells["id"], cells["dataset"]
-        if sha is None and id_ is None: raise bad("no text_sha256 or id")
-        if ds is not None and id_ is None: raise bad(f"dataset {ds!r} without an id (a dataset says whose id a row gives)")
+            elif d != declared: raise _row_error(path, name, f"direction {d:+d} contradicts {where} ({declared:+d}); one direction for the file")
+        k = "text_sha256"
+        try:
+            sha = _digest(r.get(k)); k = "id"
+            id_ = _text(r.get(k), k); k = "dataset"
+            ds = _text(r.get(k), k)
+        except ValueError as e: raise _row_error(path, name, f"{k} {_shown(r.get(k))} {e}") from None
+        if sha is None and id_ is None: raise _row_error(path, name, "no text_sha256 or id")
+        if ds is not None and id_ is None: raise _row_error(path, name, f"dataset {ds!r} without an id (a dataset says whose id a row gives)")
         v = r.get("score")
         if v is None and default_direction is not None and "score" in r: score = None   # RAID's null: a text it did not score
-        elif v is None: raise bad("no score")
+        elif v is None: raise _row_error(path, name, "no score")
         else:
             try: score = _number(v)
-            except ValueError as e: raise bad(f"score {_shown(v)} {e}") from None
-        for key, shown in ((("sha", sha), f"text_sha256 {sha[:16] if sha else ''}..."), (("id", ds, id_), f"id {id_!r}" + (f" of dataset {ds!r}" if ds else ""))):
-            if key[-1] is None: continue
-            if key in first: raise bad(f"{shown} is given twice (first in {first[key]})")
-            first[key] = name
+            except ValueError as e: raise _row_error(path, name, f"score {_shown(v)} {e}") from None
+        if sha is not None:
+            if sha in seen_sha: raise _row_error(path, name, f"text_sha256 {sha[:16]}... is given twice (first in {seen_sha[sha]})")
+            seen_sha[sha] = name
+        if id_ is not None:
+            if (ds, id_) in seen_id:
+                raise _row_error(path, name, f"id {id_!r}{f' of dataset {ds!r}' if ds else ''} is given twice (first in {seen_id[ds, id_]})")
+            seen_id[ds, id_] = name
         out.append((name, sha, id_, ds, score))
     if declared is not None and default_direction is not None and declared != default_direction:
         raise StealthEvalError(f"{path}: {where} is {declared:+d}, but a RAID predictions file is higher = more machine ({default_direction:+d})")
@@ -268,23 +274,22 @@ def text_scores(content: dict, ids: dict, path) -> tuple:
     check_datasets(content, list(ids), path)
     by_sha, by_row, unused = {}, {}, 0
     for row, sha, id_, ds, score in content["rows"]:
-        def bad(what): return StealthEvalError(f"{path}: {row}: {what}")
         named = {}
         if id_ is not None:
             for name in ([ds] if ds is not None else ids):
                 if id_ in ids[name]: named.setdefault(ids[name][id_], []).append(name)
             if len(named) > 1:
-                raise bad(f"id {id_!r} names different texts in datasets {', '.join(sorted(n for v in named.values() for n in v))} "
+                raise _row_error(path, row, f"id {id_!r} names different texts in datasets {', '.join(sorted(n for v in named.values() for n in v))} "
                           f"of this run; add a 'dataset' column naming one")
         target = next(iter(named), None)
         if sha is not None and target is not None and sha != target:
-            raise bad(f"id {id_!r} (dataset {named[target][0]}) is a text whose SHA-256 is {target[:16]}..., "
+            raise _row_error(path, row, f"id {id_!r} (dataset {named[target][0]}) is a text whose SHA-256 is {target[:16]}..., "
                       f"not the row's text_sha256 {sha[:16]}...")
         target = sha or target
         if target is None: unused += 1; continue
         if score is None: continue                                        # RAID: a text the detector did not score
         if target in by_sha and by_sha[target] != score:
-            raise bad(f"scores the text that {by_row[target]} scores, differently ({score!r} here, {by_sha[target]!r} there)")
+            raise _row_error(path, row, f"scores the text that {by_row[target]} scores, differently ({score!r} here, {by_sha[target]!r} there)")
         by_sha[target], by_row[target] = score, by_row.get(target, row)
     return by_sha, unused
 
@@ -437,24 +442,42 @@ def check_score_keys(out) -> None:
         ids = run_ids(cfg) if ids is None else ids
         text_scores(_verified(det.path, det.sha256, det.default_direction), ids, det.source_file)
 
-# %% ../nbs/24_score_files.ipynb #1ea15d57
-def raid_predictions(scores) -> dict:
-    "{(dataset, detector): [{id, score}]} of the original texts of every RAID dataset in a scores table."
-    from stealth_eval.components import dataset_analyses, unedited
-    out = {}
-    s = scores[unedited(scores, "none") & (scores["candidate_rank"] == 0)]
-    for (ds, det), g in s.groupby(["dataset", "detector_name"], sort=True):
-        if "raid" not in dataset_analyses(ds): continue
-        g = g.drop_duplicates("sample_id").sort_values("sample_id")
-        out[(ds, det)] = [{"id": str(i), "score": (None if not (v == v) or not g_valid else float(v))}
-                          for i, v, g_valid in zip(g["sample_id"], g["detector_score_ai"], g["valid"])]
-    return out
+# %% ../nbs/24_score_files.ipynb #4f63091e
+_CONTENT = {}   # (sha256, suffix, default direction) -> a parsed file: one parse per process and content
+_READ = {}      # sha256 -> {bytes, stat} of a file read before a run, until the runner keeps the bytes in the run folder
 
-def write_raid_predictions(out_dir, scores) -> list:
-    "Write raid_predictions/<dataset>/<detector>.json for every RAID dataset of the run; return the paths."
-    from stealth_eval.core import atomic_write_text
-    written = []
-    for (ds, det), rows in raid_predictions(scores).items():
-        p = Path(out_dir) / "raid_predictions" / ds / (det.replace(":", "_") + ".json")
-        written.append(atomic_write_text(p, json.dumps(rows, ensure_ascii=False, indent=0) + "\n"))
-    return written
+def _regular(path: Path, what: str = "scores file") -> Path:
+    "`path` resolved, when it names a regular file; else one line (no such file, a symlink loop, a folder, a FIFO)."
+    try: p = path.resolve(strict=True)
+    except FileNotFoundError: raise StealthEvalError(f"{path}: no such {what}") from None
+    except (RuntimeError, OSError) as e:      # RuntimeError: Python's "Symlink loop"; OSError: ELOOP, EACCES, ...
+        why = "a symlink loop" if "loop" in str(e).lower() or getattr(e, "errno", None) == errno.ELOOP else (getattr(e, "strerror", None) or str(e))
+        raise StealthEvalError(f"{path}: cannot be read as a {what}: {why}") from None
+    if not p.is_file(): raise StealthEvalError(f"{path}: not a regular file (a {what} is a .json, .jsonl, .csv or .parquet file)")
+    return p
+
+def read_score_file(path, default_direction: int | None = None) -> dict:
+    """A scores file read once: its bytes' SHA-256 and stat, then `parse_score_file` of those same bytes:
+    {'direction', 'rows', 'sha256', 'path', 'bytes', 'stat'}."""
+    path = Path(path).expanduser()
+    if path.suffix not in SCORE_FILE_SUFFIXES:
+        raise StealthEvalError(f"{path}: unsupported scores file type {path.suffix!r} (use {', '.join(SCORE_FILE_SUFFIXES)})")
+    p = _regular(path)
+    with open(p, "rb") as fh:
+        data, st = fh.read(), os.fstat(fh.fileno())
+    sha = sha256_bytes(data)
+    key = (sha, p.suffix, default_direction)
+    if key not in _CONTENT: _CONTENT[key] = parse_score_file(data, path, default_direction)
+    _READ[sha] = {"data": data, "stat": [st.st_size, st.st_mtime_ns]}
+    return {**_CONTENT[key], "sha256": sha, "path": str(p), "bytes": len(data), "stat": _READ[sha]["stat"]}
+
+def _verified(path, sha256: str, default_direction: int | None) -> dict:
+    "The parsed content of the bytes whose SHA-256 is `sha256`: parsed already in this process, or read from `path` and verified."
+    key = (sha256, Path(path).suffix, default_direction)
+    if key not in _CONTENT:
+        with open(_regular(Path(path)), "rb") as fh: data = fh.read()
+        if sha256_bytes(data) != sha256:
+            raise StealthEvalError(f"{path}: its SHA-256 is {sha256_bytes(data)[:16]}..., not the {sha256[:16]}... read before the "
+                                   f"run: the run's copy of a scores file changed; rerun stealth-eval")
+        _CONTENT[key] = parse_score_file(data, path, default_direction)
+    return _CONTENT[key]
