@@ -21,7 +21,7 @@ from .core import StealthEvalError, atomic_write_bytes, get_logger, read_json, s
 # %% auto #0
 __all__ = ['SCORE_FILE_SUFFIXES', 'NUMBER', 'DIRECTIONS', 'SHA256', 'SCORES_PREFIX', 'KEPT', 'RAID_PREFIX', 'parse_score_file',
            'read_score_file', 'run_ids', 'check_datasets', 'text_scores', 'ScoreFileDetector', 'expand_score_specs',
-           'register_score_files', 'keep_score_files', 'check_score_keys']
+           'register_score_files', 'keep_score_files', 'check_score_keys', 'raid_predictions', 'write_raid_predictions']
 
 # %% ../nbs/24_score_files.ipynb #b3ee06f5
 SCORE_FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
@@ -442,42 +442,24 @@ def check_score_keys(out) -> None:
         ids = run_ids(cfg) if ids is None else ids
         text_scores(_verified(det.path, det.sha256, det.default_direction), ids, det.source_file)
 
-# %% ../nbs/24_score_files.ipynb #4f63091e
-_CONTENT = {}   # (sha256, suffix, default direction) -> a parsed file: one parse per process and content
-_READ = {}      # sha256 -> {bytes, stat} of a file read before a run, until the runner keeps the bytes in the run folder
+# %% ../nbs/24_score_files.ipynb #1ea15d57
+def raid_predictions(scores) -> dict:
+    "{(dataset, detector): [{id, score}]} of the original texts of every RAID dataset in a scores table."
+    from stealth_eval.components import dataset_analyses, unedited
+    out = {}
+    s = scores[unedited(scores, "none") & (scores["candidate_rank"] == 0)]
+    for (ds, det), g in s.groupby(["dataset", "detector_name"], sort=True):
+        if "raid" not in dataset_analyses(ds): continue
+        g = g.drop_duplicates("sample_id").sort_values("sample_id")
+        out[(ds, det)] = [{"id": str(i), "score": (None if not (v == v) or not g_valid else float(v))}
+                          for i, v, g_valid in zip(g["sample_id"], g["detector_score_ai"], g["valid"])]
+    return out
 
-def _regular(path: Path, what: str = "scores file") -> Path:
-    "`path` resolved, when it names a regular file; else one line (no such file, a symlink loop, a folder, a FIFO)."
-    try: p = path.resolve(strict=True)
-    except FileNotFoundError: raise StealthEvalError(f"{path}: no such {what}") from None
-    except (RuntimeError, OSError) as e:      # RuntimeError: Python's "Symlink loop"; OSError: ELOOP, EACCES, ...
-        why = "a symlink loop" if "loop" in str(e).lower() or getattr(e, "errno", None) == errno.ELOOP else (getattr(e, "strerror", None) or str(e))
-        raise StealthEvalError(f"{path}: cannot be read as a {what}: {why}") from None
-    if not p.is_file(): raise StealthEvalError(f"{path}: not a regular file (a {what} is a .json, .jsonl, .csv or .parquet file)")
-    return p
-
-def read_score_file(path, default_direction: int | None = None) -> dict:
-    """A scores file read once: its bytes' SHA-256 and stat, then `parse_score_file` of those same bytes:
-    {'direction', 'rows', 'sha256', 'path', 'bytes', 'stat'}."""
-    path = Path(path).expanduser()
-    if path.suffix not in SCORE_FILE_SUFFIXES:
-        raise StealthEvalError(f"{path}: unsupported scores file type {path.suffix!r} (use {', '.join(SCORE_FILE_SUFFIXES)})")
-    p = _regular(path)
-    with open(p, "rb") as fh:
-        data, st = fh.read(), os.fstat(fh.fileno())
-    sha = sha256_bytes(data)
-    key = (sha, p.suffix, default_direction)
-    if key not in _CONTENT: _CONTENT[key] = parse_score_file(data, path, default_direction)
-    _READ[sha] = {"data": data, "stat": [st.st_size, st.st_mtime_ns]}
-    return {**_CONTENT[key], "sha256": sha, "path": str(p), "bytes": len(data), "stat": _READ[sha]["stat"]}
-
-def _verified(path, sha256: str, default_direction: int | None) -> dict:
-    "The parsed content of the bytes whose SHA-256 is `sha256`: parsed already in this process, or read from `path` and verified."
-    key = (sha256, Path(path).suffix, default_direction)
-    if key not in _CONTENT:
-        with open(_regular(Path(path)), "rb") as fh: data = fh.read()
-        if sha256_bytes(data) != sha256:
-            raise StealthEvalError(f"{path}: its SHA-256 is {sha256_bytes(data)[:16]}..., not the {sha256[:16]}... read before the "
-                                   f"run: the run's copy of a scores file changed; rerun stealth-eval")
-        _CONTENT[key] = parse_score_file(data, path, default_direction)
-    return _CONTENT[key]
+def write_raid_predictions(out_dir, scores) -> list:
+    "Write raid_predictions/<dataset>/<detector>.json for every RAID dataset of the run; return the paths."
+    from stealth_eval.core import atomic_write_text
+    written = []
+    for (ds, det), rows in raid_predictions(scores).items():
+        p = Path(out_dir) / "raid_predictions" / ds / (det.replace(":", "_") + ".json")
+        written.append(atomic_write_text(p, json.dumps(rows, ensure_ascii=False, indent=0) + "\n"))
+    return written
