@@ -14,26 +14,19 @@ from dataclasses import dataclass
 
 from .components import DETECTORS, Detector
 from .core import ComponentUnavailable, StealthEvalError, get_logger, progress, sha256_text
+from .schema import Api, url_problem
 
 # %% auto #0
-__all__ = ['API_DEFAULTS', 'API_LEDGER', 'api_settings', 'redact', 'RetryableStatus', 'retry_after_s', 'ApiClient', 'n_words',
-           'ApiDetector', 'GPTZero', 'OriginalityAI', 'Sapling', 'Pangram', 'WinstonAI']
+__all__ = ['API_DEFAULTS', 'MAX_RESPONSE_BYTES', 'API_LEDGER', 'api_settings', 'redact', 'RetryableStatus', 'NoAnswer',
+           'retry_after_s', 'Reply', 'ApiClient', 'n_words', 'ApiDetector', 'GPTZero', 'OriginalityAI', 'Sapling',
+           'Pangram', 'WinstonAI', 'check_api']
 
 # %% ../nbs/23_api_detectors.ipynb #594e4fd7
-API_DEFAULTS = {
-    "timeout_s": 30.0,       # one request's limit (connect, read); a timeout is retried like a 5xx
-    "max_attempts": 5,       # tries per text, the first included, on 429, 5xx, timeouts and connection errors
-    "backoff_s": 1.0,        # first exponential backoff wait (doubles each retry) when no Retry-After is given
-    "backoff_max_s": 60.0,   # the longest single wait, a Retry-After included
-    "spend_limit": {},       # detector name -> most units of its provider spent in one run (default: `default_limit`)
-    "base_url": {},          # detector name -> scheme://host[:port] replacing the provider's (tests: the loopback)
-}
+API_DEFAULTS = Api().to_dict()   # the `api` section's defaults (03_schema)
 
 def api_settings(cfg: dict) -> dict:
-    "The run's `api` settings over `API_DEFAULTS`."
-    s = {**API_DEFAULTS, **(cfg.get("api") or {})}
-    for k in ("spend_limit", "base_url"): s[k] = dict(s.get(k) or {})
-    return s
+    "The run's `api` settings over their defaults, every value checked (`schema.Api`: a one-line `SettingsError`)."
+    return Api.from_dict(cfg.get("api") or {}).to_dict()
 
 # %% ../nbs/23_api_detectors.ipynb #8c274541
 def redact(obj, secret: str):
@@ -48,50 +41,101 @@ class RetryableStatus(Exception):
     def __init__(self, status: int, retry_after: float | None):
         super().__init__(f"HTTP {status}"); self.status, self.retry_after = status, retry_after
 
+class NoAnswer(Exception):
+    "No response for one text within the policy: `reason` (the row's); `opens`: why no later text is sent either ('' = they are)."
+    def __init__(self, reason: str, opens: str = ""):
+        super().__init__(reason); self.reason, self.opens = reason, opens
+
 def retry_after_s(resp) -> float | None:
     "The response's `Retry-After` in seconds (a number or an HTTP date), None when absent or unreadable."
     v = (resp.headers.get("retry-after") or "").strip()
     if not v: return None
-    try: return max(0.0, float(v))
+    try: x = float(v)
     except ValueError: pass
+    else: return max(0.0, x) if math.isfinite(x) else None
     try: return max(0.0, email.utils.parsedate_to_datetime(v).timestamp() - time.time())
-    except (TypeError, ValueError): return None
+    except (TypeError, ValueError, OverflowError): return None
 
 # %% ../nbs/23_api_detectors.ipynb #98a60f4b
-_sleep = time.sleep   # the retry waits (tests replace it to record the waits without sleeping)
+_sleep = time.sleep      # the waits (tests replace it to record the waits without sleeping ...
+_clock = time.monotonic  # ... and this clock with one the recorded waits advance)
+MAX_RESPONSE_BYTES = 16 * 2**20   # a body past this is not kept (one text's answer is far smaller)
+
+@dataclass(frozen=True)
+class Reply:
+    "A response read within its text's time: the status and the (decoded) body, or why the body was not kept."
+    status_code: int
+    body: bytes
+    problem: str = ""
+    @property
+    def text(self) -> str: return self.body.decode("utf-8", "replace")
+    def json(self): return json.loads(self.body)
+
+def _what(e: Exception) -> str:
+    "How a failed try reads in a row's reason."
+    if isinstance(e, RetryableStatus): return f"HTTP {e.status}"
+    return "timed out" if "Timeout" in type(e).__name__ else f"connection failed ({type(e).__name__})"
+
+def _exhausted(e: Exception, n: int, s: dict) -> str:
+    "The row's reason when all `n` tries failed, the last with `e`."
+    if isinstance(e, RetryableStatus): return f"HTTP {e.status} after {n} attempts"
+    if "Timeout" in type(e).__name__: return f"timed out after {n} attempts of {float(s['timeout_s']):g} s"
+    return f"connection failed after {n} attempts ({type(e).__name__})"
 
 class ApiClient:
-    "The one HTTP client of every API detector: `httpx` for the requests, `tenacity` for the retries."
+    "The one HTTP client of every API detector (`httpx`), with the bounded retry policy above."
     def __init__(self, settings: dict,  # `api_settings(cfg)`
                  transport=None):  # an httpx transport (examples: `httpx.MockTransport`; None: the network)
         import httpx
         self.s = settings
         self.http = httpx.Client(timeout=float(settings["timeout_s"]), transport=transport)
-        self.calls = 0
+        self.calls, self.not_before = 0, 0.0   # requests sent; no request before this `_clock()` (a Retry-After)
 
-    def _wait(self, state) -> float:
-        ra = getattr(state.outcome.exception(), "retry_after", None)
-        w = ra if ra is not None else float(self.s["backoff_s"]) * 2 ** (state.attempt_number - 1)
-        return min(w, float(self.s["backoff_max_s"]))
-
-    def _once(self, url: str, body: dict, headers: dict):
-        self.calls += 1
-        resp = self.http.post(url, json=body, headers=headers)
-        if resp.status_code == 429 or resp.status_code >= 500: raise RetryableStatus(resp.status_code, retry_after_s(resp))
-        return resp
-
-    def post(self, url: str, body: dict, headers: dict):
-        "POST `body` as JSON (an `httpx.Response`); retried as above; the last error is raised when every attempt failed."
+    def _once(self, url: str, body: dict, headers: dict, end: float) -> Reply:
+        "One request, each phase within `timeout_s`, the whole of it before `end`."
         import httpx
-        from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
-        retry = Retrying(stop=stop_after_attempt(int(self.s["max_attempts"])), wait=self._wait, sleep=lambda w: _sleep(w),
-                         retry=retry_if_exception_type((RetryableStatus, httpx.TransportError)), reraise=True)
-        return retry(self._once, url, body, headers)
+        self.calls += 1
+        t = max(1e-3, min(float(self.s["timeout_s"]), end - _clock()))
+        with self.http.stream("POST", url, json=body, headers=headers, timeout=t) as resp:
+            if resp.status_code == 429 or resp.status_code >= 500: raise RetryableStatus(resp.status_code, retry_after_s(resp))
+            got, size = [], 0
+            try:
+                for chunk in resp.iter_bytes():
+                    if _clock() > end: raise TimeoutError("the response was still arriving when the text's time ran out")
+                    got.append(chunk); size += len(chunk)
+                    if size > MAX_RESPONSE_BYTES: return Reply(resp.status_code, b"", f"a body over {MAX_RESPONSE_BYTES} bytes")
+            except httpx.DecodingError: return Reply(resp.status_code, b"", "a body that does not decode")
+        return Reply(resp.status_code, b"".join(got))
+
+    def post(self, url: str, body: dict, headers: dict,
+             deadline: float = math.inf) -> Reply:  # the `_clock()` past which no request of the stage goes out
+        "POST `body` as JSON under the policy above; `NoAnswer` (with the row's reason) when it gives up."
+        import httpx
+        s, n = self.s, int(self.s["max_attempts"])
+        end = min(deadline, _clock() + float(s["text_budget_s"]))
+        over, stop = f"no answer within api.text_budget_s = {float(s['text_budget_s']):g} s", ""
+        if deadline <= end: over = stop = f"the deadline api.deadline_s = {float(s['deadline_s']):g} s passed"
+        wait, err = 0.0, None
+        for attempt in range(1, n + 1):
+            wait = max(wait, self.not_before - _clock())
+            if _clock() + wait >= end:   # the wait would end past the text's time: not started
+                raise NoAnswer(f"{over} ({attempt - 1} attempts" + (f", the last: {_what(err)})" if err else ")"), opens=stop)
+            if wait > 0: _sleep(wait)
+            try: return self._once(url, body, headers, end)
+            except TimeoutError as e: raise NoAnswer(f"{over} ({attempt} attempts, the last: {e})", opens=stop) from None
+            except (RetryableStatus, httpx.TransportError) as e: err = e
+            ra = getattr(err, "retry_after", None)
+            if ra is not None and ra > float(s["retry_after_max_s"]):
+                why = f"HTTP {err.status} asked to retry after {ra:g} s, over api.retry_after_max_s = {float(s['retry_after_max_s']):g} s"
+                raise NoAnswer(why, opens=why)
+            if ra is not None: self.not_before = _clock() + ra
+            wait = ra if ra is not None else min(float(s["backoff_s"]) * 2 ** (attempt - 1), float(s["backoff_max_s"]))
+        raise NoAnswer(_exhausted(err, n, s))
 
     def close(self): self.http.close()
 
 # %% ../nbs/23_api_detectors.ipynb #ad9ec5d4
-API_LEDGER: dict = {}    # detector name -> this process's last run: unit, estimate, limit, spent, calls, scored, failed
+API_LEDGER: dict = {}    # detector name -> this process's last run: unit, estimate, limit, spent, calls, scored, failed, stopped
 _REASONS: dict = {}      # detector name -> {sha256(text): why it has no score}
 
 def _finite(x) -> float:
@@ -99,12 +143,19 @@ def _finite(x) -> float:
     if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x): raise ValueError(f"not a number: {x!r}")
     return float(x)
 
+def _opt(x, hi: float = 1.0) -> float | None:
+    "A secondary number kept beside the score (a share): the value when it is a finite number in [0, `hi`], else None."
+    try: v = _finite(x)
+    except ValueError: return None
+    return v if 0 <= v <= hi else None
+
 def n_words(text: str) -> int: return len(text.split())
 
 # %% ../nbs/23_api_detectors.ipynb #f4e2f4d9
 @dataclass(frozen=True, kw_only=True)
 class ApiDetector(Detector):
-    "A detector behind a commercial HTTP API: request and response per provider, the rest shared."
+    "A detector behind a commercial HTTP API: request, response and score range per provider, the rest shared."
+    score_range: tuple            # (lowest, highest) score the provider documents for `stat`: one outside marks the text
     family: str = "commercial"
     key_env: str = ""             # the environment variable holding the key
     base: str = ""                # the provider's documented scheme://host
@@ -117,21 +168,32 @@ class ApiDetector(Detector):
 
     def unavailable(self, cfg: dict) -> str:
         return "" if os.environ.get(self.key_env) else f"no API key: set the environment variable {self.key_env}"
-    def endpoint(self, cfg: dict) -> str:
+    def base_url(self, cfg: dict) -> tuple:
+        "(the base URL, where it comes from): the setting, the environment variable, or the provider's documented host."
         env = self.key_env.replace("_API_KEY", "_BASE_URL")
-        base = api_settings(cfg)["base_url"].get(self.name) or os.environ.get(env) or self.base
-        return base.rstrip("/") + self.path
+        if u := api_settings(cfg)["base_url"].get(self.name): return u, f"api.base_url.{self.name}"
+        if u := os.environ.get(env): return u, env
+        return self.base, f"{self.name}'s documented host"
+    def url_problem(self, cfg: dict) -> str:
+        "Why its base URL cannot be used ('' when it can), naming where the URL comes from."
+        u, where = self.base_url(cfg)
+        return f"{where}={u}: {why}" if (why := url_problem(u)) else ""
+    def endpoint(self, cfg: dict) -> str: return self.base_url(cfg)[0].rstrip("/") + self.path
     def model(self, cfg: dict) -> str: return f"{self.label or self.name} API {self.endpoint(cfg)}"
     def limit(self, cfg: dict) -> float: return float(api_settings(cfg)["spend_limit"].get(self.name, self.default_limit))
     def why_none(self, h: str) -> str:
         "Why the text with sha256 `h` has no score in the last run (the class's `none_reason` if not recorded)."
         return _REASONS.get(self.name, {}).get(h, self.none_reason)
+    def out_of_range(self, stats: dict) -> str:
+        "Why the score in `stats` is not one the provider documents ('' when it is)."
+        (lo, hi), v = self.score_range, stats[self.stat]
+        return "" if lo <= v <= hi else f"score {self.stat}={v!r} outside the provider's documented range [{lo:g}, {hi:g}]"
     # --- what a provider defines
     def request(self, text: str, key: str) -> tuple:
         "(headers, JSON body) of the documented request."
         raise NotImplementedError
     def parse(self, resp: dict) -> dict:
-        "The statistics (with `stat`) from the documented response; KeyError/ValueError/TypeError when malformed."
+        "The statistics (with `stat`, a finite number) from the documented response; KeyError/ValueError/TypeError when malformed."
         raise NotImplementedError
     def cost(self, text: str) -> float:
         "Estimated cost of one text in `unit`."
@@ -142,29 +204,31 @@ class ApiDetector(Detector):
     def compute(self, texts: list, cfg: dict, cache) -> dict: return _compute(self, texts, cfg, cache)
 
 # %% ../nbs/23_api_detectors.ipynb #b608a308
-def _send(det: ApiDetector, client: ApiClient, url: str, key: str, text: str) -> tuple:
-    "(stats or None, raw response or None, billed units, reason) of one text; raises ComponentUnavailable on 401/403."
-    import httpx
+_MALFORMED = (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError)   # what reading a hostile body raises
+
+def _send(det: ApiDetector, client: ApiClient, url: str, key: str, text: str, deadline: float = math.inf) -> tuple:
+    """(stats or None, raw response or None, billed units, reason, why no later text is sent ('' = they are)) of one
+    text; raises ComponentUnavailable on 401/403."""
     headers, body = det.request(text, key)
-    n = client.s["max_attempts"]
-    try: resp = client.post(url, body, headers)
-    except RetryableStatus as e: return None, None, 0.0, f"HTTP {e.status} after {n} attempts"
-    except httpx.TimeoutException: return None, None, 0.0, f"timed out after {n} attempts of {client.s['timeout_s']:g} s"
-    except httpx.TransportError as e: return None, None, 0.0, f"connection failed after {n} attempts ({type(e).__name__})"
+    try: resp = client.post(url, body, headers, deadline)
+    except NoAnswer as e: return None, None, 0.0, redact(e.reason, key), redact(e.opens, key)
     if resp.status_code in (401, 403):
         raise ComponentUnavailable(f"{det.name}: HTTP {resp.status_code} from {url}: the key in {det.key_env} was refused")
     if resp.status_code >= 300:
-        return None, None, 0.0, redact(f"HTTP {resp.status_code}: {resp.text[:200]!r}", key)
+        return None, None, 0.0, redact(f"HTTP {resp.status_code}: {resp.text[:200]!r}", key), ""
+    if resp.problem: return None, None, det.cost(text), f"{resp.problem} in the HTTP {resp.status_code} response", ""
     try: raw = resp.json()
-    except ValueError: return None, None, det.cost(text), f"malformed JSON in the HTTP {resp.status_code} response"
+    except _MALFORMED: return None, None, det.cost(text), f"malformed JSON in the HTTP {resp.status_code} response", ""
     raw = redact(raw, key)
-    try: stats = det.parse(raw)
-    except (KeyError, IndexError, TypeError, ValueError) as e:
-        return None, raw, det.cost(text), redact(f"the response lacks a documented field or value ({type(e).__name__}: {e})", key)
     try: billed = _finite(det.charged(text, raw))
-    except (KeyError, TypeError, ValueError): billed = det.cost(text)
+    except _MALFORMED: billed = det.cost(text)
+    if billed < 0: billed = det.cost(text)          # a negative charge would lift the spend limit
+    try: stats = det.parse(raw)
+    except _MALFORMED as e:
+        return None, raw, billed, redact(f"the response lacks a documented field or value ({type(e).__name__}: {e})", key), ""
+    if why := det.out_of_range(stats): return None, raw, billed, why, ""
     stats = {**stats, "n_tokens_input": n_words(text), "truncated": bool(det.max_chars and len(text) > det.max_chars)}
-    return stats, raw, billed, ""
+    return stats, raw, billed, "", ""
 
 # %% ../nbs/23_api_detectors.ipynb #b4c3447b
 def _compute(det: ApiDetector, texts: list, cfg: dict, cache, transport=None) -> dict:
@@ -172,6 +236,7 @@ def _compute(det: ApiDetector, texts: list, cfg: dict, cache, transport=None) ->
     log, s = get_logger(), api_settings(cfg)
     key = os.environ.get(det.key_env, "")
     if not key: raise ComponentUnavailable(det.unavailable(cfg))
+    if why := det.url_problem(cfg): raise StealthEvalError(f"{det.name}: {why}")
     url = det.endpoint(cfg)
     uniq = {sha256_text(t): t for t in texts}
     template = det.request("", "")[1]          # the request without text or key: what else the answer depends on
@@ -186,7 +251,7 @@ def _compute(det: ApiDetector, texts: list, cfg: dict, cache, transport=None) ->
         else: todo.append(h)
     est, limit = sum(det.cost(uniq[h]) for h in todo), det.limit(cfg)
     led = API_LEDGER[det.name] = {"unit": det.unit, "estimate": est, "limit": limit, "spent": 0.0, "calls": 0,
-                                  "scored": 0, "failed": 0, "cached": len(uniq) - len(todo)}
+                                  "scored": 0, "failed": 0, "cached": len(uniq) - len(todo), "stopped": ""}
     log.info(f"{det.name}: {len(todo)} of {len(uniq)} texts to send, estimated cost {est:g} {det.unit} "
              f"(spend limit {limit:g} {det.unit}; {len(uniq) - len(todo)} cached or not sendable)")
     if est > limit:
@@ -194,20 +259,31 @@ def _compute(det: ApiDetector, texts: list, cfg: dict, cache, transport=None) ->
                                f"limit api.spend_limit.{det.name} = {limit:g}; raise the limit or score fewer texts")
     if not todo: return out
     client = ApiClient(s, transport=transport)
+    deadline, streak, stopped = _clock() + float(s["deadline_s"]), 0, ""
     try:
         for h in progress(todo, desc=det.name):
+            if not stopped and _clock() >= deadline: stopped = f"the deadline api.deadline_s = {float(s['deadline_s']):g} s passed"
+            if stopped:                                      # the provider is given up: no further request
+                out[h], reasons[h] = None, f"not sent: {det.name} was given up ({stopped})"
+                led["failed"] += 1; continue
             if led["spent"] + det.cost(uniq[h]) > limit:   # the provider billed more than estimated: stop before the limit
                 out[h], reasons[h] = None, f"not sent: the spend limit api.spend_limit.{det.name} = {limit:g} {det.unit} was reached"
                 led["failed"] += 1; continue
-            stats, raw, billed, why = _send(det, client, url, key, uniq[h])
+            stats, raw, billed, why, opens = _send(det, client, url, key, uniq[h], deadline)
             led["spent"] += billed
             out[h] = stats
-            if stats is None: reasons[h] = why; led["failed"] += 1
+            if stats is None:
+                reasons[h] = why; led["failed"] += 1; streak += 1
+                if not opens and streak >= int(s["breaker_failures"]):
+                    opens = f"{streak} consecutive texts without a score, api.breaker_failures = {s['breaker_failures']}; the last: {why}"
+                if opens:
+                    stopped = opens
+                    log.warning(f"{det.name}: no further request in this stage: {opens}")
             else:
                 cache.put(ckeys[h], {"stats": stats, "raw": raw, "cost": billed, "unit": det.unit})
-                led["scored"] += 1
+                led["scored"] += 1; streak = 0
     finally:
-        led["calls"] = client.calls
+        led["calls"], led["stopped"] = client.calls, stopped
         client.close()
     if led["failed"]:
         log.warning(f"{det.name}: {led['failed']} of {len(todo)} texts have no score (kept and marked; retried next run)")
@@ -231,13 +307,14 @@ class GPTZero(ApiDetector):
     unit: str = "words"
     default_limit: float = 100_000
     max_chars: int = 50_000
+    score_range: tuple = (0.0, 1.0)   # a probability
 
     def request(self, text, key): return {"x-api-key": key, "Accept": "application/json"}, {"document": text}
     def parse(self, r):
         d = r["documents"][0]
         return {"completely_generated_prob": _finite(d["completely_generated_prob"]),
-                "average_generated_prob": d.get("average_generated_prob"),
-                "class_probability_ai": (d.get("class_probabilities") or {}).get("ai")}
+                "average_generated_prob": _opt(d.get("average_generated_prob")),
+                "class_probability_ai": _opt((d.get("class_probabilities") or {}).get("ai"))}
     def cost(self, text): return float(n_words(text))
 
 # %% ../nbs/23_api_detectors.ipynb #32bb21d5
@@ -256,9 +333,10 @@ class OriginalityAI(ApiDetector):
     path: str = "/api/v1/scan/ai"
     unit: str = "credits"
     default_limit: float = 2_000
+    score_range: tuple = (0.0, 1.0)   # a probability
 
     def request(self, text, key): return {"X-OAI-API-KEY": key}, {"content": text, "storeScan": False}
-    def parse(self, r): return {"score_ai": _finite(r["score"]["ai"]), "score_original": r["score"].get("original")}
+    def parse(self, r): return {"score_ai": _finite(r["score"]["ai"]), "score_original": _opt(r["score"].get("original"))}
     def cost(self, text): return float(max(1, math.ceil(n_words(text) / 100)))
     def charged(self, text, r): return r["credits_used"]
 
@@ -278,6 +356,7 @@ class Sapling(ApiDetector):
     unit: str = "characters"
     default_limit: float = 500_000
     max_chars: int = 50_000
+    score_range: tuple = (0.0, 1.0)   # 0 = human, 1 = AI
 
     def request(self, text, key): return {}, {"key": key, "text": text, "sent_scores": False}
     def parse(self, r): return {"score": _finite(r["score"])}
@@ -299,11 +378,12 @@ class Pangram(ApiDetector):
     path: str = "/v3"
     unit: str = "requests"
     default_limit: float = 1_000
+    score_range: tuple = (0.0, 1.0)   # a fraction of the text
 
     def request(self, text, key): return {"x-api-key": key}, {"text": text}
     def parse(self, r):
-        return {"fraction_ai": _finite(r["fraction_ai"]), "fraction_ai_assisted": r.get("fraction_ai_assisted"),
-                "fraction_human": r.get("fraction_human")}
+        return {"fraction_ai": _finite(r["fraction_ai"]), "fraction_ai_assisted": _opt(r.get("fraction_ai_assisted")),
+                "fraction_human": _opt(r.get("fraction_human"))}
 
 # %% ../nbs/23_api_detectors.ipynb #d0226039
 @DETECTORS.register
@@ -323,9 +403,22 @@ class WinstonAI(ApiDetector):
     default_limit: float = 100_000
     min_chars: int = 300
     max_chars: int = 300_000
+    score_range: tuple = (0.0, 100.0)   # a human score in percent
 
     def request(self, text, key):
         return {"Authorization": f"Bearer {key}"}, {"text": text, "version": "3.0", "sentences": False, "language": "en"}
     def parse(self, r): return {"human_score": _finite(r["score"])}
     def cost(self, text): return float(n_words(text))
     def charged(self, text, r): return r["credits_used"]
+
+# %% ../nbs/23_api_detectors.ipynb #796fb90b
+def check_api(cfg: dict) -> None:
+    "Refuse in one line, before a run: an API detector of `cfg` whose base URL cannot be used, or a panel of API detectors none of which has its key."
+    dets = [DETECTORS.get(n) for n in cfg["detectors"]]
+    api = [d for d in dets if isinstance(d, ApiDetector)]
+    if api: api_settings(cfg)
+    for d in api:
+        if why := d.url_problem(cfg): raise StealthEvalError(f"{d.name}: {why}")
+    if api and len(api) == len(dets) and all(d.unavailable(cfg) for d in api):
+        raise StealthEvalError("no detector of the run can score: " + "; ".join(f"{d.name}: {d.unavailable(cfg)}" for d in api)
+                               + " (or add a detector that runs here)")

@@ -449,6 +449,8 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
         if cfg["engine"]["name"] == "ray":    # fail before any stage runs when Ray is missing
             from stealth_eval.engine import require_ray
             require_ray()
+        from stealth_eval.api_detectors import check_api
+        check_api(cfg)                         # API detectors: base URLs from the environment, a panel without keys
         for spec in cfg["datasets"]:          # fail before any stage runs
             if spec["path"]: check_usable(load_dataset_file(spec["path"], cfg["validity"]["min_words"]), spec["path"])
         nbs = _notebooks_dir(nbs_dir)

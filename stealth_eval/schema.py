@@ -19,7 +19,7 @@ from .core import StealthEvalError
 __all__ = ['MIN_WINDOW', 'MAX_BOOTSTRAP', 'REHEARSAL_KEYS', 'RUNNER_KEYS', 'DEVICE_PROFILES', 'DEVICE_KEYS', 'setting', 'kind_of',
            'type_name', 'accepts', 'SettingsError', 'check_value', 'Section', 'section', 'Data', 'Watermark',
            'ClassifierOffline', 'GhostbusterLocal', 'Validity', 'Perturbation', 'Lastde', 'Shield', 'Polish',
-           'Acceptance', 'Api', 'Engine', 'Settings', 'settings_rows']
+           'Acceptance', 'Engine', 'url_problem', 'Api', 'Settings', 'settings_rows']
 
 # %% ../nbs/03_schema.ipynb #c1d89573
 def setting(default, doc: str = "", check: str | None = None, choices: str | None = None, allowed: str = "",
@@ -337,18 +337,6 @@ class Acceptance(Section):
     homoglyph_min_rates: int = setting(2, "and holds at least this many rates (a sweep)", "count")
     significant: bool = setting(True, "a reduction counts only when the CI of its difference lies below 0 (False: its point estimate)")
 
-@section("api")
-class Api(Section):
-    "Commercial API detectors (23_api_detectors): retries, spend limits, endpoints; keys only from environment variables."
-    timeout_s: float = setting(30.0, "one request's limit in seconds (a timeout is retried like a 5xx)", "positive")
-    max_attempts: int = setting(5, "tries per text, the first included, on 429, 5xx, timeouts and connection errors", "count")
-    backoff_s: float = setting(1.0, "first exponential backoff wait in seconds when no Retry-After is given", "positive")
-    backoff_max_s: float = setting(60.0, "longest single wait in seconds, a Retry-After included", "positive")
-    spend_limit: dict[str, float] = setting({}, "API detector -> most units of its provider (words, credits, characters, "
-                                            "requests) spent per run; absent: the detector's default limit")
-    base_url: dict[str, str] = setting({}, "API detector -> scheme://host[:port] replacing the provider's (its documented "
-                                       "path kept); else $<PROVIDER>_BASE_URL")
-
 @section("engine")
 class Engine(Section):
     "Where the per-text work of every stage runs (#15): in the stage's own process, or as Ray Data pipelines."
@@ -360,6 +348,45 @@ class Engine(Section):
     cpus_per_worker: float = setting(1.0, "CPUs each actor holds", "positive")
     batch_size: int = setting(64, "texts per Ray Data batch: the unit of work, of retry after a fault and of storing in the cache", "count")
     torch_threads: int = setting(0, "torch threads of each actor (0: the stage's own count, so results match the local engine bit for bit)", "count0")
+
+# %% ../nbs/03_schema.ipynb #b5846689
+def url_problem(url: str) -> str:
+    "Why `url` cannot be an API detector's base URL, http(s)://host[:port] (a path prefix allowed); '' when it can."
+    from urllib.parse import urlsplit
+    if not url or any(c.isspace() or not c.isprintable() for c in url): return "empty or holds white space; expected http(s)://host[:port]"
+    try: u = urlsplit(url); u.port
+    except ValueError as e: return f"not a URL ({e}); expected http(s)://host[:port]"
+    if u.scheme not in ("http", "https"):
+        return f"not an http(s) URL ({f'scheme {u.scheme!r}' if u.scheme else 'no scheme'}); expected http(s)://host[:port]"
+    if not u.hostname: return "names no host; expected http(s)://host[:port]"
+    if u.username is not None or u.password is not None:
+        return "holds credentials (user@ or user:password@), which scores.parquet would record; keys come from the environment only"
+    if u.query or u.fragment: return "has a query or fragment (the provider's documented path is appended to the base URL)"
+    return ""
+
+# %% ../nbs/03_schema.ipynb #cf5105ea
+@section("api")
+class Api(Section):
+    "Commercial API detectors (23_api_detectors): one bounded client policy per provider, spend limits, endpoints; keys only from environment variables."
+    timeout_s: float = setting(30.0, "one request's limit in seconds (connect, send, each read; never past the text's budget); a timeout is retried like a 5xx", "positive")
+    max_attempts: int = setting(5, "tries per text, the first included, on 429, 5xx, timeouts and connection errors", "count")
+    backoff_s: float = setting(1.0, "first exponential backoff wait in seconds when no Retry-After is given", "positive")
+    backoff_max_s: float = setting(60.0, "longest backoff wait in seconds", "positive")
+    retry_after_max_s: float = setting(60.0, "longest Retry-After honoured, in seconds: a provider that asks for a longer wait gets no "
+                                       "further request in the stage (its remaining texts are marked with the reason)")
+    text_budget_s: float = setting(120.0, "most seconds one text may take, every attempt and wait included; then it is marked", "positive")
+    breaker_failures: int = setting(5, "circuit breaker: after this many consecutive texts of one provider without a score, its "
+                                    "remaining texts are marked with the reason, without a request", "count")
+    deadline_s: float = setting(43200.0, "most seconds of one provider's requests in one stage of a run (12 h); then its remaining "
+                                "texts are marked with the reason (the cache keeps what was scored: a rerun sends the rest)", "positive")
+    spend_limit: dict[str, float] = setting({}, "API detector -> most units of its provider (words, credits, characters, "
+                                            "requests) spent per run; absent: the detector's default limit", "positive")
+    base_url: dict[str, str] = setting({}, "API detector -> http(s)://host[:port] replacing the provider's (its documented "
+                                       "path kept); else $<PROVIDER>_BASE_URL")
+
+    def check(self):
+        for name, url in self.base_url.items():
+            if why := url_problem(url): raise SettingsError(f"api.base_url.{name}={_shown(url)}: {why}")
 
 # %% ../nbs/03_schema.ipynb #09a8e771
 _DEVICE, _DEVICES = r"auto|cpu|mps|cuda(:[0-9]+)?", "auto, cpu, mps, cuda or cuda:N"

@@ -1,12 +1,17 @@
 """The API detectors against a real HTTP server on the loopback that speaks each provider's documented shapes.
 
 Every case ends with each text scored or marked with a reason, an exact spend counter, and the cache: a rerun pays
-nothing, a killed run resumes with the texts it had not scored. Waits are recorded, not slept (`api_detectors._sleep`);
-timeouts are real (a handler slower than `api.timeout_s`).
+nothing, a killed run resumes with the texts it had not scored. Waits are recorded, not slept (`api_detectors._sleep`),
+and advance the client's clock (`api_detectors._clock`); timeouts are real (a handler slower than `api.timeout_s`).
+The bounded policy (#37): a score outside the provider's documented range marks its text; a server that never answers,
+trickles its answer or asks for an hour's wait costs a text its budget at most; the circuit breaker stops a provider
+after N consecutive failed texts (counted on the server); the deadline ends a slow provider; every `api` setting and a
+base URL from the environment are refused before the run, in one line.
 """
 import json
 import logging
 import math
+import threading
 import time
 
 import numpy as np
@@ -56,12 +61,21 @@ def expected_raw(name, t):
     return 100 * (1 - prob(t)) if name == "winston_ai" else prob(t)
 
 
+def with_score(name, resp, v):
+    "The documented response `resp` with its score field set to `v`."
+    d = {"gptzero": lambda r: r["documents"][0], "originality_ai": lambda r: r["score"]}.get(name, lambda r: r)(resp)
+    d[{"gptzero": "completely_generated_prob", "originality_ai": "ai", "pangram": "fraction_ai"}.get(name, "score")] = v
+    return resp
+
+
 class FakeProvider:
     """One provider on the loopback: checks its documented auth, records every request, and answers each text by a
-    per-text script of behaviours ('429', '503', '500', 'timeout', 'malformed', 'nofield'), then with 'ok'."""
+    per-text script of behaviours ('429', '503', '500', 'timeout', 'stall', 'trickle', 'malformed', 'nofield',
+    ('score', value)), then with 'ok'. `clock` and `took`: each request advances the client's test clock by `took` s."""
     def __init__(self, name, server, slow_s=0.5):
         self.name, self.calls, self.plan, self.billed, self.slow_s = name, [], {}, [], slow_s
-        self.fail_after = None
+        self.fail_after, self.retry_after, self.clock, self.took = None, "2", None, 0.0
+        self.release = threading.Event()     # ends the 'stall' and 'trickle' answers (set when the test ends)
         server.expect_request(DETS[name].path, method="POST").respond_with_handler(self.handle)
 
     def authorized(self, req, body):
@@ -74,21 +88,30 @@ class FakeProvider:
         body = json.loads(req.get_data())
         t = body[TEXT_FIELD[self.name]]
         self.calls.append(t)
+        if self.clock is not None: self.clock.skew += self.took
         if not self.authorized(req, body):
             return Response(json.dumps({"error": "Invalid API key"}), 401, content_type="application/json")
         if self.fail_after is not None and len(self.calls) > self.fail_after:
             return Response("upstream down", 502)
         steps = self.plan.get(t) or []
         act = steps.pop(0) if steps else "ok"
-        if act == "429": return Response("slow down", 429, headers={"Retry-After": "2"})
+        if act == "429": return Response("slow down", 429, headers={"Retry-After": self.retry_after})
         if act in ("500", "503"): return Response("oops", int(act))
         if act == "timeout":   # answers after the client gave up: not billed (the client never saw it)
             time.sleep(self.slow_s)
             return Response(json.dumps(documented(self.name, t)[0]), 200, content_type="application/json")
+        if act == "stall":     # never answers (until the test ends)
+            self.release.wait(10)
+            return Response("late", 503)
+        if act == "trickle":   # a 200 whose body never ends: a byte every 50 ms
+            def drip():
+                while not self.release.wait(0.05): yield b" "
+            return Response(drip(), 200, content_type="application/json")
         if act == "malformed":
             self.billed.append(DETS[self.name].cost(t))
             return Response('{"score": 0.5, ', 200, content_type="application/json")
         resp, units = documented(self.name, t)
+        if isinstance(act, tuple): resp = with_score(self.name, resp, act[1])
         if act == "nofield":
             resp = {"status": 200, "unexpected": True}; units = None
         self.billed.append(units if units is not None else DETS[self.name].cost(t))
@@ -103,11 +126,23 @@ def server():
     s.clear(); s.stop()
 
 
+class Clock:
+    "The client's clock in a test: real time, plus the waits it recorded instead of sleeping and what servers said they took."
+    def __init__(self): self.waits, self.skew = [], 0.0
+    def sleep(self, w): self.waits.append(w); self.skew += w
+    def __call__(self): return time.monotonic() + self.skew
+
+
 @pytest.fixture
-def waits(monkeypatch):
-    got = []
-    monkeypatch.setattr(ad, "_sleep", got.append)
-    return got
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(ad, "_sleep", c.sleep)
+    monkeypatch.setattr(ad, "_clock", c)
+    return c
+
+
+@pytest.fixture
+def waits(clock): return clock.waits
 
 
 def cfg_for(server, name, **api):
@@ -327,3 +362,230 @@ def test_a_cli_run_with_two_api_detectors_tables_and_plots_them_like_a_local_one
     leaks = [str(f) for root in (out, store) for f in root.rglob("*") if f.is_file() and KEY.encode() in f.read_bytes()]
     assert leaks == []
     assert any(f.is_file() for f in store.rglob("*"))                     # the cache was written (and searched)
+
+
+# ---- #37: scores outside the documented range, the bounded policy, the checks before the run ----------------------
+
+def out_of_range(name):
+    "Values that are not a score of provider `name` (its documented range: [0, 1], Winston's human score [0, 100])."
+    hi = DETS[name].score_range[1]
+    return [7.0 * hi, -1, 1e308, hi + 1e-9, float("nan"), float("inf"), float("-inf"), "0.5", True]
+
+
+@pytest.mark.parametrize("name", PROVIDERS)
+def test_a_score_outside_the_documented_range_marks_its_text(name, server, waits, tmp_path, monkeypatch):
+    det, fake = DETS[name], FakeProvider(name, server)
+    monkeypatch.setenv(det.key_env, KEY)
+    lo, hi = det.score_range
+    assert (lo, hi) == ((0.0, 100.0) if name == "winston_ai" else (0.0, 1.0))
+    bad = out_of_range(name)
+    texts = [text(i) for i in range(len(bad) + 2)]
+    fake.plan = {t: [("score", v)] for t, v in zip(texts, bad + [lo, hi])}
+    got = det.compute(texts, cfg_for(server, name, breaker_failures=100), Cache(tmp_path / "s"))
+    assert [got[sha256_text(t)][det.stat] for t in texts[-2:]] == [lo, hi]          # the bounds are scores
+    for t, v in zip(texts, bad):
+        why = det.why_none(sha256_text(t))
+        assert got[sha256_text(t)] is None, (v, got[sha256_text(t)])
+        if isinstance(v, float) and math.isfinite(v) or type(v) is int:
+            assert why == f"score {det.stat}={float(v)!r} outside the provider's documented range [{lo:g}, {hi:g}]"
+        else:
+            assert "lacks a documented field or value (ValueError: not a number" in why, why
+    assert len(fake.calls) == len(texts) and ad.API_LEDGER[name]["scored"] == 2
+    assert ad.API_LEDGER[name]["spent"] == pytest.approx(sum(fake.billed))             # an answered text is billed
+
+
+def test_an_out_of_range_score_is_an_invalid_row_with_its_reason(server, waits, tmp_path, monkeypatch):
+    from stealth_eval.detectors import run_detectors_stage
+    fake = FakeProvider("winston_ai", server)
+    monkeypatch.setenv(DETS["winston_ai"].key_env, KEY)
+    out = tmp_path / "run"
+    rows = [{"sample_id": f"s{i}", "dataset": "toy", "label": lab, "domain": "news", "generator": "g", "method": "m0",
+             "setting": "", "defense": "none", "condition": "m0", "candidate_rank": 0, "text_out": text(i), "valid": True,
+             "fail_reason": ""} for i, lab in enumerate(["human", "human", "ai"])]
+    write_jsonl(out / "raw_outputs.jsonl", rows)
+    fake.plan = {text(0): [("score", 150.0)], text(2): [("score", float("nan"))]}
+    cfg = {**cfg_for(server, "winston_ai"), "out_dir": str(out), "detectors": ["winston_ai"]}
+    s = run_detectors_stage(cfg, Cache(tmp_path / "store")).set_index("sample_id")
+    assert s["valid"].to_dict() == {"s0": False, "s1": True, "s2": False}
+    assert np.isnan(s.loc[["s0", "s2"], "detector_score_raw"]).all()
+    assert s.loc["s0", "fail_reason"] == "score human_score=150.0 outside the provider's documented range [0, 100]"
+    assert "not a number: nan" in s.loc["s2", "fail_reason"]
+
+
+@pytest.mark.parametrize("attempts", [1, 2])
+def test_the_circuit_breaker_sends_n_failing_texts_then_no_request(attempts, server, waits, tmp_path, monkeypatch):
+    det, fake = DETS["sapling"], FakeProvider("sapling", server)
+    monkeypatch.setenv(det.key_env, KEY)
+    texts, n = [text(i) for i in range(10)], 4
+    fake.fail_after = 0                                                  # 502 for ever
+    t0 = time.monotonic()
+    got = det.compute(texts, cfg_for(server, "sapling", max_attempts=attempts, breaker_failures=n), Cache(tmp_path / "s"))
+    assert len(fake.calls) == n * attempts == ad.API_LEDGER["sapling"]["calls"]    # counted on the server
+    assert fake.calls == [t for t in texts[:n] for _ in range(attempts)] and all(v is None for v in got.values())
+    last = f"HTTP 502 after {attempts} attempts"
+    assert [det.why_none(sha256_text(t)) for t in texts[:n]] == [last] * n
+    stopped = f"{n} consecutive texts without a score, api.breaker_failures = {n}; the last: {last}"
+    assert ad.API_LEDGER["sapling"]["stopped"] == stopped
+    assert all(det.why_none(sha256_text(t)) == f"not sent: sapling was given up ({stopped})" for t in texts[n:])
+    assert time.monotonic() - t0 < 3
+
+
+def test_a_scored_text_resets_the_breaker_and_a_rerun_sends_the_rest(server, waits, tmp_path, monkeypatch):
+    det, fake = DETS["pangram"], FakeProvider("pangram", server)
+    monkeypatch.setenv(det.key_env, KEY)
+    texts = [text(i) for i in range(9)]
+    fake.plan = {t: ["500", "500"] for t in texts[:2] + texts[3:6]}     # fail, fail, ok, fail x3: open
+    cfg, cache = cfg_for(server, "pangram", max_attempts=2, breaker_failures=3), Cache(tmp_path / "s")
+    got = det.compute(texts, cfg, cache)
+    assert fake.calls == [texts[0]] * 2 + [texts[1]] * 2 + [texts[2]] + [t for t in texts[3:6] for _ in range(2)]
+    assert [got[sha256_text(t)] is not None for t in texts] == [False, False, True] + [False] * 6
+    assert all(det.why_none(sha256_text(t)).startswith("not sent: pangram was given up (3 consecutive") for t in texts[6:])
+    fake.calls.clear()
+    again = det.compute(texts, cfg, cache)                               # the provider is back: the rest is sent once
+    assert sorted(fake.calls) == sorted(texts[:2] + texts[3:]) and all(v is not None for v in again.values())
+
+
+def test_a_retry_after_of_an_hour_gives_the_provider_up_after_one_request(server, waits, tmp_path, monkeypatch):
+    det, fake = DETS["gptzero"], FakeProvider("gptzero", server)
+    monkeypatch.setenv(det.key_env, KEY)
+    texts, fake.retry_after = [text(i) for i in range(6)], "3600"
+    fake.plan = {t: ["429"] * 9 for t in texts}
+    t0 = time.monotonic()
+    got = det.compute(texts, cfg_for(server, "gptzero", max_attempts=5), Cache(tmp_path / "s"))
+    why = "HTTP 429 asked to retry after 3600 s, over api.retry_after_max_s = 60 s"
+    assert len(fake.calls) == 1 and waits == [] and time.monotonic() - t0 < 2 and all(v is None for v in got.values())
+    assert det.why_none(sha256_text(texts[0])) == why
+    assert all(det.why_none(sha256_text(t)) == f"not sent: gptzero was given up ({why})" for t in texts[1:])
+
+
+def test_a_retry_after_holds_the_next_text_too(server, waits, tmp_path, monkeypatch):
+    det, fake = DETS["gptzero"], FakeProvider("gptzero", server)
+    monkeypatch.setenv(det.key_env, KEY)
+    texts = [text(i) for i in range(3)]
+    fake.plan = {texts[0]: ["429"]}                                      # Retry-After: 2 on its only try
+    got = det.compute(texts, cfg_for(server, "gptzero", max_attempts=1), Cache(tmp_path / "s"))
+    assert det.why_none(sha256_text(texts[0])) == "HTTP 429 after 1 attempts" and waits == [pytest.approx(2.0, abs=0.05)]
+    assert fake.calls == texts and all(got[sha256_text(t)] is not None for t in texts[1:])
+
+
+def test_a_server_that_never_answers_costs_a_text_its_budget_then_trips_the_breaker(server, waits, tmp_path, monkeypatch):
+    det, fake = DETS["sapling"], FakeProvider("sapling", server)
+    monkeypatch.setenv(det.key_env, KEY)
+    texts = [text(i) for i in range(8)]
+    fake.plan = {t: ["stall"] * 9 for t in texts}
+    cfg = cfg_for(server, "sapling", timeout_s=0.2, max_attempts=5, backoff_s=0.05, text_budget_s=0.5, breaker_failures=2)
+    t0 = time.monotonic()
+    try: got = det.compute(texts, cfg, Cache(tmp_path / "s"))
+    finally: fake.release.set()
+    took = time.monotonic() - t0
+    assert took < 2.0, took                                  # two texts of at most 0.5 s (before: 5 tries of 30 s per text)
+    assert set(fake.calls) == set(texts[:2]) and len(fake.calls) <= 2 * 3 and all(v is None for v in got.values())
+    for t in texts[:2]: assert det.why_none(sha256_text(t)).startswith("no answer within api.text_budget_s = 0.5 s (")
+    assert all(det.why_none(sha256_text(t)).startswith("not sent: sapling was given up (2 consecutive") for t in texts[2:])
+
+
+def test_a_server_that_trickles_its_answer_is_cut_at_the_text_budget(server, waits, tmp_path, monkeypatch):
+    det, fake = DETS["pangram"], FakeProvider("pangram", server)
+    monkeypatch.setenv(det.key_env, KEY)
+    t = text(1)
+    fake.plan = {t: ["trickle"] * 3}
+    t0 = time.monotonic()
+    try: got = det.compute([t], cfg_for(server, "pangram", timeout_s=0.3, text_budget_s=0.6), Cache(tmp_path / "s"))
+    finally: fake.release.set()
+    assert time.monotonic() - t0 < 1.5 and got[sha256_text(t)] is None and len(fake.calls) == 1
+    assert det.why_none(sha256_text(t)) == ("no answer within api.text_budget_s = 0.6 s (1 attempts, the last: the "
+                                            "response was still arriving when the text's time ran out)")
+
+
+def test_the_deadline_ends_a_slow_provider_and_marks_the_rest(server, clock, tmp_path, monkeypatch):
+    det, fake = DETS["originality_ai"], FakeProvider("originality_ai", server)
+    monkeypatch.setenv(det.key_env, KEY)
+    texts = [text(i) for i in range(8)]
+    fake.clock, fake.took = clock, 100.0                                 # each answer takes 100 s (of the client's clock)
+    fake.plan = {texts[2]: ["500", "500"]}
+    got = det.compute(texts, cfg_for(server, "originality_ai", deadline_s=250), Cache(tmp_path / "s"))
+    assert fake.calls == texts[:3] and [got[sha256_text(t)] is not None for t in texts[:3]] == [True, True, False]
+    deadline = "the deadline api.deadline_s = 250 s passed"
+    assert det.why_none(sha256_text(texts[2])) == f"{deadline} (1 attempts, the last: HTTP 500)"
+    assert all(det.why_none(sha256_text(t)) == f"not sent: originality_ai was given up ({deadline})" for t in texts[3:])
+    assert ad.API_LEDGER["originality_ai"]["stopped"] == deadline
+
+
+def test_a_negative_or_huge_charge_never_lifts_the_spend_limit(server, waits, tmp_path, monkeypatch):
+    det, fake = DETS["winston_ai"], FakeProvider("winston_ai", server)
+    monkeypatch.setenv(det.key_env, KEY)
+    texts = [text(i) for i in range(3)]
+    charges = iter([-10**9, float("inf"), 5])                            # as the provider reports them
+    monkeypatch.setattr(ad.WinstonAI, "charged", lambda self, t, r: next(charges))
+    det.compute(texts, cfg_for(server, "winston_ai"), Cache(tmp_path / "s"))
+    words = [len(t.split()) for t in texts]                             # the estimate, where the report is unusable
+    assert ad.API_LEDGER["winston_ai"]["spent"] == words[0] + words[1] + 5
+
+
+@pytest.mark.parametrize("item,says", [
+    ("api.spend_limit.sapling=0", "api.spend_limit.sapling=0: must be > 0, got 0"),
+    ("api.spend_limit.sapling=-5", "api.spend_limit.sapling=-5: must be > 0"),
+    ("api.spend_limit=0", "api.spend_limit=0: expects a section"),
+    ("api.base_url.sapling=ftp://x", "api.base_url.sapling=ftp://x: not an http(s) URL (scheme 'ftp')"),
+    ("api.base_url.sapling=localhost:8080", "not an http(s) URL (scheme 'localhost')"),
+    ("api.base_url.sapling=api.sapling.ai", "not an http(s) URL (no scheme)"),
+    ("api.base_url.sapling=http://", "api.base_url.sapling=http://: names no host"),
+    ("api.base_url.sapling=https://me:pw@h", "holds credentials"),
+    ("api.base_url.sapling=http://h:99999", "not a URL"),
+    ("api.timeout_s=0", "api.timeout_s=0: must be > 0"),
+    ("api.text_budget_s=0", "api.text_budget_s=0: must be > 0"),
+    ("api.deadline_s=-1", "api.deadline_s=-1: must be > 0"),
+    ("api.breaker_failures=0", "api.breaker_failures=0: must be a positive count"),
+    ("api.retry_after_max_s=-1", "api.retry_after_max_s=-1: must not be negative"),
+    ("api.max_attempts=0", "api.max_attempts=0: must be a positive count"),
+    ("api.retry_forever=1", "api.retry_forever: unknown key"),
+])
+def test_every_api_setting_is_refused_in_one_line_before_the_run(item, says):
+    from stealth_eval.config import parse_set, resolve_config
+    with pytest.raises(StealthEvalError) as e:
+        resolve_config("tiny", detectors=["log_rank", "sapling"], overrides=parse_set([item]))
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_the_defaults_bound_a_dead_provider(monkeypatch):
+    "What the defaults cost at most: a text its budget, a provider N of them (then none), a stage the deadline."
+    s = ad.api_settings({})
+    assert (s["timeout_s"], s["max_attempts"], s["text_budget_s"], s["retry_after_max_s"]) == (30.0, 5, 120.0, 60.0)
+    assert s["breaker_failures"] * s["text_budget_s"] <= 600 and s["deadline_s"] == 12 * 3600
+    from stealth_eval.config import resolve_config
+    assert resolve_config("tiny").api.to_dict() == s                  # one set of defaults: the schema's
+
+
+def test_check_api_refuses_a_base_url_from_the_environment_and_a_panel_without_keys(monkeypatch):
+    from stealth_eval.config import resolve_config
+    for d in DETS.values():
+        monkeypatch.delenv(d.key_env, raising=False); monkeypatch.delenv(d.key_env.replace("_API_KEY", "_BASE_URL"), raising=False)
+    ad.check_api(resolve_config("tiny", detectors=["log_rank", "sapling"]))        # sapling is skipped, log_rank scores
+    for dets in (["sapling"], ["sapling", "pangram"]):
+        with pytest.raises(StealthEvalError, match="^no detector of the run can score: sapling: no API key: set the "
+                                                   "environment variable SAPLING_API_KEY"):
+            ad.check_api(resolve_config("tiny", detectors=dets))
+    monkeypatch.setenv("PANGRAM_API_KEY", KEY)
+    ad.check_api(resolve_config("tiny", detectors=["sapling", "pangram"]))
+    for bad in ("text.api.pangram.com", "ftp://h", "http://", "https://u:p@h"):
+        monkeypatch.setenv("PANGRAM_BASE_URL", bad)
+        with pytest.raises(StealthEvalError, match=f"^pangram: PANGRAM_BASE_URL={bad}: "):
+            ad.check_api(resolve_config("tiny", detectors=["log_rank", "pangram"]))
+    ad.check_api(resolve_config("tiny", detectors=["log_rank", "pangram"],            # the setting comes first
+                                overrides={"api.base_url.pangram": "http://127.0.0.1:9"}))
+
+
+@pytest.mark.parametrize("case", ["no key", "env url", "spend 0"])
+def test_the_command_line_refuses_api_problems_before_any_stage_with_exit_2(case, tmp_path, monkeypatch):
+    from conftest import run_cli
+    for d in DETS.values():
+        monkeypatch.delenv(d.key_env, raising=False); monkeypatch.delenv(d.key_env.replace("_API_KEY", "_BASE_URL"), raising=False)
+    args, says = {"no key": (["--detectors", "gptzero"], "no detector of the run can score: gptzero: no API key"),
+                  "env url": (["--detectors", "log_rank", "sapling"], "sapling: SAPLING_BASE_URL=127.0.0.1:8080: not an http(s) URL"),
+                  "spend 0": (["--detectors", "log_rank", "sapling", "--set", "api.spend_limit.sapling=0"],
+                              "api.spend_limit.sapling=0: must be > 0")}[case]
+    if case == "env url": monkeypatch.setenv("SAPLING_BASE_URL", "127.0.0.1:8080")
+    p = run_cli("--profile", "tiny", *args, "--out_dir", tmp_path / "run", check=False, timeout=120)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1 and err[0].startswith("stealth-eval: error: ") and says in err[0], p.stderr
+    assert not (tmp_path / "run" / "notebooks").exists()               # no stage ran
