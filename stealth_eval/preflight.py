@@ -443,7 +443,7 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
     ph = (cfg.get("perturbation") or {}).get("proxihuman_embedder") or cfg["embedder"]
     embed_path("ProxiHuman embedder (MPNet)", ph, lambda: load_proxihuman_embedder(ph, cfg), 384)
 
-    p, kn = perturbation_params(cfg), t5_knobs(perturbation_params(cfg))
+    p, kn = perturbation_params(cfg), t5_knobs(perturbation_params(cfg), cfg)
     t5 = lambda: load_t5(p["t5_model"], cfg["device"], kn["t5_dtype"])
     def t5_base():
         model, tok = t5()[0], t5()[1]

@@ -251,8 +251,9 @@ class Perturbation(Section):
     t5_max_length: int = setting(150, "T5 output length cap (reference generate(max_length=150))", "count")
     t5_max_input_tokens: int = setting(512, "T5 window: longer sources are cut at a word boundary (recorded)", "count")
     t5_tokens_per_span: int = setting(10, "T5 length cap per mask: a row's cap is max(t5_max_length, 2 + this * masks)", "count")
-    t5_dtype: str = setting("float32", "T5 weights on every device (the reference: float32 unless --half)",
-                            choices="float32|bfloat16|float16", allowed="float32, bfloat16 or float16")
+    t5_dtype: str = setting("auto", "T5 weights ('auto': the run's `dtype`, so float32 on a CPU and bfloat16 on a GPU; the "
+                            "reference: float32, or bfloat16 with --half)",
+                            choices="auto|float32|bfloat16|float16", allowed="auto, float32, bfloat16 or float16")
     fill_batch_tokens: int = setting(8192, "T5 fills: source tokens per batch, rows = min(batch_size, this / padded length); 0: one unpadded text a batch", "count0")
     infill_model: str = setting("smollm2-135m-instruct", "causal LM of the offline variant (*_lminfill)")
     fill_max_tokens: int = setting(12, "causal-LM infill: at most this many tokens per span", "count")
@@ -266,6 +267,9 @@ class Perturbation(Section):
     proxihuman_span_length: int = setting(1, "ProxiHuman: words per masked span, no buffer (the paper masks single tokens)", "count")
     proxihuman_t5_model: str | None = setting(None, "ProxiHuman's T5 span filler (paper: t5-large; None: t5_model)")
     proxihuman_embedder: str | None = setting(None, "ProxiHuman's embedder (paper: sentence-transformers/all-mpnet-base-v2; None: the run's embedder)")
+    proxihuman_embed_dtype: str = setting("auto", "ProxiHuman's embedder weights ('auto': the run's `dtype`: float32 on a CPU, "
+                                          "bfloat16 on a GPU)", choices="auto|float32|bfloat16|float16",
+                                          allowed="auto, float32, bfloat16 or float16")
 
 # %% ../nbs/03_schema.ipynb #50f59369
 @section("lastde")
