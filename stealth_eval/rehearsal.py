@@ -25,7 +25,8 @@ __all__ = ['REAL_CONFIGS', 'STANDS_FOR', 'TOKENIZER_KIND', 'SCALES', 'CHAT_TEMPL
            'build_rehearsal_model', 'build_rehearsal_models', 'rehearsal_scale', 'rehearsal_config', 'banner',
            'watermark', 'mark_text_artifacts', 'StageMonitor', 'measure_models', 'param_split', 'flops_per_token',
            'attention_flops', 'weight_bytes', 'prefill_seconds', 'decode_seconds', 'sampling_seconds', 'paper_workload',
-           'predict_seconds', 'cpu_layer_rows', 'cost_section', 'rehearsal_report', 'finish_rehearsal']
+           'predict_seconds', 'cpu_layer_rows', 'cost_section', 'preflight_prediction', 'rehearsal_report',
+           'finish_rehearsal']
 
 # %% ../nbs/06_rehearsal.ipynb #c882805a
 REAL_CONFIGS = {
@@ -782,7 +783,8 @@ def cpu_layer_rows(model_rows: list, scale: str) -> list:
 
 # %% ../nbs/06_rehearsal.ipynb #36cf50c2
 def cost_section(cfg: dict, model_rows: list, sizes: dict | None = None, hw: dict = H100,
-                 paper: dict | None = None) -> list:   # the paper profile's settings (the runner passes config.PROFILES')
+                 paper: dict | None = None,    # the paper profile's settings (the runner passes config.PROFILES')
+                 measured: dict | None = None) -> list:   # preflight.prediction_at_measured_rates of a preflight report
     "The report's cost model: the PREDICTED H100 time of the paper run per stage, beside the CPU's measured per-block costs."
     if not paper: return ["## PREDICTION: not made (no paper profile was given to the report)"]   # config is not imported: no cycle
     z = {**PAPER_SIZES, **(sizes or {})}
@@ -807,7 +809,17 @@ def cost_section(cfg: dict, model_rows: list, sizes: dict | None = None, hw: dic
          f"({LOGIT_PASS_BYTES} bytes x vocabulary + samples x log2(vocabulary) x 8 bytes) at the decode bandwidth.", "",
          f"| stage | predicted H100 hours | share |", "|---|---|---|"]
     L += [f"| {k} | {v / 3600:.2f} | {100 * v / tot:.0f}% |" for k, v in by.items()]
-    L += [f"| **total** | **{tot / 3600:.1f}** | 100% |", "",
+    L += [f"| **total** | **{tot / 3600:.1f}** | 100% |", ""]
+    if measured:   # the same workload at the rates a preflight measured on its device (unmeasured rows: assumed rates)
+        L += [f"### At the rates a preflight measured on {measured['device']}", "",
+              f"`{measured['report']}` (started {measured.get('started')}, {measured.get('scale')} shapes): each row at the "
+              "share of the peak (prefill) or of the bandwidth (decode) its model's path reached there; rows no path "
+              "measured keep the assumed rates. A preflight's few texts fill few batch rows, so these rates are lower "
+              "bounds of what a full run reaches.", "",
+              f"| stage | predicted hours on {measured['device']} | rows at a measured rate |", "|---|---|---|"]
+        L += [f"| {k} | {v['measured_rate_h']:.2f} | {v['rows_measured']} of {v['rows']} |" for k, v in measured["stages"].items()]
+        L += [f"| **total** | **{measured['total_measured_rate_h']:.1f}** | |", ""]
+    L += [
           "| stage | work | model | sequences | tokens each | new tokens | batch | predicted H100 hours |", "|---|---|---|---|---|---|---|---|"]
     L += [f"| {w['stage']} | {w['what']} | {w['model']}{f' ({d})' if (d := w.get('dtype')) else ''} | {w['seqs']:,} | {w['tokens']:.0f}"
           f"{f' + {p:g} pad' if (p := w.get('pad_tokens', 0)) else ''} | "
@@ -826,6 +838,15 @@ def cost_section(cfg: dict, model_rows: list, sizes: dict | None = None, hw: dic
         L += [f"| {c['model']} | {c['depth']} | {fmt(c['ms'])} / {c['unit'].split()[-1]} | {fmt(c['gflops'], 0)} | "
               f"{fmt(c['ms_block'])} | {fmt(c['ms_head'])} | {fmt(c['ms_full'])} ({c['real_depth']}) | {fmt(c['h100_ms'], 4)} |" for c in cl]
     return L
+
+# %% ../nbs/06_rehearsal.ipynb #f59f4153
+def preflight_prediction(cfg: dict) -> dict | None:
+    """The paper run priced at a preflight's measured rates: the report `rehearsal.preflight` names (checked when the
+    settings are read), else `preflight/preflight.json` beside the run's folder if there is one; None without a report."""
+    from stealth_eval.preflight import prediction_at_measured_rates
+    named = (cfg.get("rehearsal") or {}).get("preflight")
+    path = Path(named).expanduser() if named else Path(cfg.get("out_dir", "artifacts")).parent / "preflight" / "preflight.json"
+    return prediction_at_measured_rates(path) if named or path.is_file() else None
 
 # %% ../nbs/06_rehearsal.ipynb #cce0ed57
 def _machine(cfg: dict) -> str:
@@ -873,7 +894,7 @@ def rehearsal_report(info: dict, cfg: dict, model_rows: list, paper: dict | None
                "layers": "- At the `layers` shapes every width, head count, vocabulary and position limit is real and only "
                          "the depth is 1-2 blocks: the per-block costs below scale to full depth; the sample sizes are a CPU's.",
                }.get(r.get("scale"), "- At full shapes the per-model figures are the real models' costs on this machine.")]
-    lines += [""] + cost_section(cfg, model_rows, paper=paper)
+    lines += [""] + cost_section(cfg, model_rows, paper=paper, measured=preflight_prediction(cfg))
     return "\n".join(lines) + "\n"
 
 # %% ../nbs/06_rehearsal.ipynb #6fa73f21

@@ -12,6 +12,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 
 from .core import StealthEvalError
 
@@ -371,7 +372,8 @@ _DEVICE, _DEVICES = r"auto|cpu|mps|cuda(:[0-9]+)?", "auto, cpu, mps, cuda or cud
 # 8 bytes x 10,000 x 5,000 texts = 0.4 GB per array; past it the Monte Carlo error of a percentile interval is far
 # below the sampling error it measures
 MAX_BOOTSTRAP = 10_000
-REHEARSAL_KEYS = ("scale", "seed", "measure_models", "banner", "models")   # what 06_rehearsal reads and writes
+REHEARSAL_KEYS = ("scale", "seed", "measure_models", "banner", "models",   # what 06_rehearsal reads and writes
+                  "preflight")   # a preflight.json whose measured rates price the paper run (09_preflight)
 
 @section("")
 class Settings(Section):
@@ -489,6 +491,9 @@ class Settings(Section):
     def check(self):
         unknown = [k for k in (self.rehearsal or {}) if k not in REHEARSAL_KEYS]
         if unknown: raise SettingsError(f"rehearsal.{unknown[0]}: unknown key. Known keys here: {', '.join(REHEARSAL_KEYS)}")
+        pf = (self.rehearsal or {}).get("preflight")
+        if pf is not None and not (isinstance(pf, str) and Path(pf).expanduser().is_file()):
+            raise SettingsError(f"rehearsal.preflight={_shown(pf)}: not a file (a preflight.json written by `stealth-eval preflight`)")
         if any(b <= a for a, b in zip(self.length_bins, self.length_bins[1:])):
             raise SettingsError(f"length_bins={_shown(self.length_bins)}: the edges must increase")
         e = self.beemo_edit_bins
