@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .components import DETECTORS, Detector
-from .core import Cache, ComponentUnavailable, get_logger, progress, read_jsonl, sha256_text, write_json
+from .core import Cache, ComponentUnavailable, StealthEvalError, get_logger, progress, read_jsonl, sha256_text, write_json
 from .engine import run_cache
 
 # %% auto #0
@@ -523,6 +523,8 @@ def run_detectors_stage(cfg: dict, cache: Cache | None = None,
             skipped[det.name] = failed[det.source(cfg)]; get_logger().warning(f"detector {det.name} skipped: {skipped[det.name]}")
     dets = [d for d in dets if d.source(cfg) not in failed]
     _merge_skipped(Path(cfg["out_dir"]) / "skipped.json", skipped)   # reported in the tables, never replaced
+    if not dets:   # nothing scored a single text: say which detector stopped and why (before: a KeyError, exit 1)
+        raise StealthEvalError("no detector of the run could score: " + "; ".join(f"{n}: {w}" for n, w in skipped.items()))
     models = {det.name: det.model(cfg) for det in dets}
     windows = {det.name: det.window_of(cfg) for det in dets}  # tokens scored (None: not a token window)
     rows = []

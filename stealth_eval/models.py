@@ -468,6 +468,7 @@ def _mean_pool_encoder(model, tok, device, prefix: str = "", max_length: int = 5
         for R, L, idx in plan_batches([len(s) for s in seqs], budget, granule, max_len=max_length):
             ids, mask = pad_batch([seqs[i] for i in idx], R, L, pad)
             with torch.no_grad(): h = model(input_ids=ids.to(device), attention_mask=mask.to(device)).last_hidden_state
+            h = h.float()                                  # pooled in float32 whatever the weights (a no-op for float32)
             m = mask.to(device).unsqueeze(-1).to(h.dtype)
             e = (h * m).sum(1) / m.sum(1).clamp(min=1)
             out[idx] = torch.nn.functional.normalize(e.float(), dim=-1)[:len(idx)].cpu().numpy()
@@ -576,21 +577,30 @@ def embedder_convention(spec: str, cache_dir=None) -> EmbedConvention:
     "How `load_embedder` reads `spec` (loading no weights)."
     return embedder_source(spec, cache_dir)[3]
 
-def embedder_identity(spec: str, device: str = "auto") -> str:
-    "The identity of an embedder, loading nothing: local file hashes or the hub commit, the batching version, the convention."
+def _embed_tag(dtype: str) -> str:
+    "An embedder's dtype in its identity: nothing for float32 (every entry made before dtypes were settable), '#bfloat16' else."
+    if dtype not in ("float32", "bfloat16", "float16"): raise ValueError(f"embedder dtype {dtype!r}: float32, bfloat16 or float16")
+    return "" if dtype == "float32" else f"#{dtype}"
+
+def embedder_identity(spec: str, device: str = "auto", dtype: str = "float32") -> str:
+    """The identity of an embedder, loading nothing: local file hashes or the hub commit, the batching version, the
+    convention, and the weights' dtype where it is not float32 (a bf16 embedding never answers for a float32 one)."""
     base, _, _, conv = embedder_source(spec)
-    return f"{base}/{ENCODE_VERSION}/{conv.tag}"
+    return f"{base}/{ENCODE_VERSION}/{conv.tag}{_embed_tag(dtype)}"
 
 # %% ../nbs/02_models.ipynb #04562a4c
-def load_embedder(spec: str = "all-minilm-l6-v2", device: str = "auto", batch_tokens="auto", bucket_tokens: int = 32) -> Embedder:
+def load_embedder(spec: str = "all-minilm-l6-v2", device: str = "auto", batch_tokens="auto", bucket_tokens: int = 32,
+                  dtype: str = "float32") -> Embedder:   # the weights' dtype (ProxiHuman's `perturbation.proxihuman_embed_dtype`)
     "A sentence embedder (alias, local folder or hub id), read by the convention its files declare (once per process)."
     device = resolve_device(device)
-    return _load_embedder(spec, device, _embed_budget(device, batch_tokens), int(bucket_tokens))
+    return _load_embedder(spec, device, _embed_budget(device, batch_tokens), int(bucket_tokens), str(dtype))
 
 @lru_cache(maxsize=4)
-def _load_embedder(spec: str, device: str, budget: int, granule: int) -> Embedder:
+def _load_embedder(spec: str, device: str, budget: int, granule: int, dtype: str = "float32") -> Embedder:
+    import torch
+    tag = _embed_tag(dtype)
     base, where, revision, conv = embedder_source(spec)    # a refusal comes here, before any weights load
-    LOADS["embedder", spec, device, "float32"] += 1
+    LOADS["embedder", spec, device, dtype] += 1
     try:
         if conv.family == "sentence-transformers":
             from sentence_transformers import SentenceTransformer
@@ -606,8 +616,9 @@ def _load_embedder(spec: str, device: str, budget: int, granule: int) -> Embedde
                                               local_files_only=offline_mode()).to(device).eval()
     except (OSError, ValueError) as e:
         raise StealthEvalError(f"could not load embedder {spec!r}: {str(e).splitlines()[0]}. Offline, use 'all-minilm-l6-v2'") from e
+    model = model.to(getattr(torch, dtype))   # pooling and normalisation read the hidden states in float32 (`.float()`)
     enc = _mean_pool_encoder(model, tok, device, conv.prefix, conv.max_tokens or 1_000_000, budget, granule)
-    return Embedder(spec, f"{base}/{ENCODE_VERSION}/{conv.tag}", enc)
+    return Embedder(spec, f"{base}/{ENCODE_VERSION}/{conv.tag}{tag}", enc)
 
 load_embedder.cache_clear = _load_embedder.cache_clear
 

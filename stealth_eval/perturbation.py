@@ -23,9 +23,9 @@ __all__ = ['PERTURB_VERSION', 'PERTURBATION_DEFAULTS', 'MASK', 'T5_KNOB_DEFAULTS
            'PROXIHUMAN', 'DETECTGPT_LMINFILL', 'DETECTGPT_D_LMINFILL', 'NPR_LMINFILL', 'PROXIHUMAN_LMINFILL',
            'perturbation_params', 'perturbation_scorer', 'mask_spans', 'apply_fills', 'masked_words', 't5_masked_text',
            'extract_t5_fills', 'load_t5', 't5_fill_length', 'iter_t5_fill', 't5_fill', 'iter_lm_infill', 'lm_infill',
-           'masking', 'filler_identity', 't5_knobs', 'perturb_texts', 'perturbation_scores', 'proxihuman_distance',
-           'proxihuman_embedder', 'load_proxihuman_embedder', 'proxihuman_scores', 'PerturbationDetector',
-           'make_tiny_t5']
+           'masking', 'filler_identity', 'perturb_dtype', 't5_knobs', 'perturb_texts', 'perturbation_scores',
+           'proxihuman_distance', 'proxihuman_embedder', 'proxihuman_embed_dtype', 'load_proxihuman_embedder',
+           'proxihuman_scores', 'PerturbationDetector', 'make_tiny_t5']
 
 # %% ../nbs/21_perturbation.ipynb #790ffa7a
 PERTURB_VERSION = "perturb-v5"   # bump whenever masking or filling changes: part of every perturbation cache key
@@ -120,7 +120,7 @@ def _load_t5(spec: str, device: str, dtype: str):
 # %% ../nbs/21_perturbation.ipynb #e8707814
 def load_t5(spec: str,               # hub id or local folder
             device: str = "auto",    # "auto": CUDA when available
-            dtype: str = "float32"): # the weights' dtype (`perturbation.t5_dtype`; the reference: float32 unless --half)
+            dtype: str = "float32"): # the weights' dtype (`perturbation.t5_dtype` resolved; the reference: float32, bf16 with --half)
     "A T5 span filler and its tokenizer, loaded once per process; `(model, tokenizer, identity, device)`."
     from stealth_eval.models import resolve_device
     return _load_t5(str(spec), resolve_device(device), str(dtype))
@@ -349,9 +349,16 @@ def _fit_words(text: str, tok, max_tokens: int) -> tuple:
 # %% ../nbs/21_perturbation.ipynb #2e3730db
 T5_KNOB_DEFAULTS = {k: PERTURBATION_DEFAULTS[k] for k in ("t5_tokens_per_span", "t5_dtype", "fill_batch_tokens")}   # schema's defaults
 
-def t5_knobs(p: dict) -> dict:
-    "The T5 fill's length, dtype and batching settings from the perturbation settings `p` (`T5_KNOB_DEFAULTS` if unset)."
-    return {k: type(v)(p.get(k, v)) for k, v in T5_KNOB_DEFAULTS.items()}
+def perturb_dtype(value: str, cfg: dict) -> str:
+    "A perturbation model's dtype as computed: 'auto' is the run's `dtype` (itself the device profile's when 'auto')."
+    from stealth_eval.models import device_setting
+    return str(value) if value not in (None, "auto") else device_setting("dtype", cfg.get("dtype", "auto"), cfg.get("device", "auto"))
+
+def t5_knobs(p: dict, cfg: dict | None = None) -> dict:
+    """The T5 fill's length, dtype and batching settings from the perturbation settings `p` (`T5_KNOB_DEFAULTS` if unset);
+    with the run's `cfg`, the dtype as computed ('auto' resolved: what the cache keys and the load use)."""
+    kn = {k: type(v)(p.get(k, v)) for k, v in T5_KNOB_DEFAULTS.items()}
+    return kn if cfg is None else kn | {"t5_dtype": perturb_dtype(kn["t5_dtype"], cfg)}
 
 # %% ../nbs/21_perturbation.ipynb #aff12db8
 def perturb_texts(texts: list, mode: str, cfg: dict, cache: Cache,
@@ -360,7 +367,7 @@ def perturb_texts(texts: list, mode: str, cfg: dict, cache: Cache,
     from stealth_eval.models import load_causal_lm, lm_kwargs, row_seed
     if mode not in ("t5", "lminfill"): raise ValueError(f"unknown filler {mode!r}: 't5' or 'lminfill'")
     p = perturbation_params(cfg)
-    n, ident, kn, m = int(p["n_perturbations"]), filler_identity(mode, cfg, stat), t5_knobs(p), masking(p, stat)
+    n, ident, kn, m = int(p["n_perturbations"]), filler_identity(mode, cfg, stat), t5_knobs(p, cfg), masking(p, stat)
     keep = ("mask_top_p",) + (
         ("t5_max_length", "t5_max_input_tokens", "max_attempts") if mode == "t5" else ("fill_max_tokens", "infill_proposals", "infill_lookahead"))
     settings = m | {k: p[k] for k in keep} | ({k: kn[k] for k in ("t5_tokens_per_span", "t5_dtype")} if mode == "t5" else {})
@@ -450,6 +457,10 @@ def proxihuman_embedder(cfg: dict) -> str:
     return perturbation_params(cfg)["proxihuman_embedder"] or cfg["embedder"]
 
 # %% ../nbs/21_perturbation.ipynb #238db49e
+def proxihuman_embed_dtype(cfg: dict) -> str:
+    "The dtype ProxiHuman's embedder computes in: `perturbation.proxihuman_embed_dtype`, 'auto' being the run's `dtype`."
+    return perturb_dtype(perturbation_params(cfg)["proxihuman_embed_dtype"], cfg)
+
 def load_proxihuman_embedder(spec: str, cfg: dict):
     """ProxiHuman's embedder through the one loader, `models.load_embedder`: a sentence-transformers model (the paper's
     MPNet) as its authors encode (no prefix, its own `max_seq_length`, mean pooling, L2 norm), E5 or the MiniLM alias.
@@ -458,7 +469,7 @@ def load_proxihuman_embedder(spec: str, cfg: dict):
     embedder_convention(spec)   # a refused convention (e.g. CLS pooling) is an error, not a skip
     try:
         return load_embedder(spec, device=cfg["device"], batch_tokens=cfg.get("embed_batch_tokens", "auto"),
-                             bucket_tokens=int(cfg.get("embed_bucket_tokens", 32)))
+                             bucket_tokens=int(cfg.get("embed_bucket_tokens", 32)), dtype=proxihuman_embed_dtype(cfg))
     except StealthEvalError as e:
         raise ComponentUnavailable(f"could not load ProxiHuman's embedder {spec!r} ({e})") from e
 
@@ -471,7 +482,7 @@ def proxihuman_scores(texts: list, mode: str, cfg: dict, cache: Cache) -> dict:
     P = perturb_texts(texts, mode, cfg, cache, "proxihuman")
     S = score_texts([v["source"] for v in P.values()], cfg["scoring_model"], cfg, cache)   # the row's token count
     spec = proxihuman_embedder(cfg)
-    ident = embedder_identity(spec, cfg["device"])   # the convention is part of it
+    ident = embedder_identity(spec, cfg["device"], proxihuman_embed_dtype(cfg))   # the convention and dtype are part of it
     out, miss = {}, []
     for h, v in P.items():
         pt = [t for t in v["perturbed"] if t is not None]
@@ -518,8 +529,10 @@ class PerturbationDetector(Detector):
     def model(self, cfg: dict) -> str:
         from stealth_eval.detectors import _identity_of
         from stealth_eval.models import embedder_identity
-        scorer = embedder_identity(proxihuman_embedder(cfg), cfg["device"]) if self.stat == "proxihuman" else _identity_of(perturbation_scorer(cfg), cfg)
-        return f"{scorer} | fill: {filler_identity(self.filler, cfg, self.stat)}"
+        scorer = (embedder_identity(proxihuman_embedder(cfg), cfg["device"], proxihuman_embed_dtype(cfg)) if self.stat == "proxihuman"
+                  else _identity_of(perturbation_scorer(cfg), cfg))
+        dt = f"#{t5_knobs(perturbation_params(cfg), cfg)['t5_dtype']}" if self.filler == "t5" else ""   # the causal filler's is in its identity
+        return f"{scorer} | fill: {filler_identity(self.filler, cfg, self.stat)}{dt}"
     def compute(self, texts: list, cfg: dict, cache) -> dict:
         fn = proxihuman_scores if self.stat == "proxihuman" else perturbation_scores
         return fn(texts, self.filler, cfg, cache)

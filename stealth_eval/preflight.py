@@ -26,9 +26,9 @@ __all__ = ['DEVICE_PEAKS', 'PREFLIGHT_RUN', 'SMALL_LM', 'SMALL_LM_KEYS', 'LORA_S
            'time_budget', 'run_step', 'measure_device', 'device_hw', 'versions', 'paper_stand_ins', 'build_models',
            'preflight_config', 'preflight_texts', 'prefill_work', 'decode_bytes', 'plain_logprobs', 'plain_classify',
            'plain_embed', 'plain_generate', 'random_lora_adapter', 'executed_lengths', 'measure_path', 'measure_paths',
-           'run_notebooks', 'measured_rates', 'predict_paper', 'preflight', 'preflight_report', 'source_imports',
-           'notebook_imports', 'required_distributions', 'check_wheels', 'import_check', 'tree_bytes', 'build_wheels',
-           'preflight_main', 'wheels_main']
+           'run_notebooks', 'measured_rates', 'predict_paper', 'prediction_at_measured_rates', 'preflight',
+           'preflight_report', 'source_imports', 'notebook_imports', 'required_distributions', 'check_wheels',
+           'import_check', 'tree_bytes', 'build_wheels', 'preflight_main', 'wheels_main']
 
 # %% ../nbs/09_preflight.ipynb #a6c71d72
 DEVICE_PEAKS = {   # data-sheet figures: dense bf16 tensor-core TFLOP/s (no sparsity), float32 TFLOP/s (no TF32), memory TB/s
@@ -443,7 +443,7 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
     ph = (cfg.get("perturbation") or {}).get("proxihuman_embedder") or cfg["embedder"]
     embed_path("ProxiHuman embedder (MPNet)", ph, lambda: load_proxihuman_embedder(ph, cfg), 384)
 
-    p, kn = perturbation_params(cfg), t5_knobs(perturbation_params(cfg))
+    p, kn = perturbation_params(cfg), t5_knobs(perturbation_params(cfg), cfg)
     t5 = lambda: load_t5(p["t5_model"], cfg["device"], kn["t5_dtype"])
     def t5_base():
         model, tok = t5()[0], t5()[1]
@@ -580,6 +580,26 @@ def predict_paper(rates: dict, hw: dict, sizes: dict | None = None) -> dict:
     return {"stages": out, "rows": rows, "device": hw["name"],
             "total_assumed_h100_h": sum(v["assumed_h100_h"] for v in out.values()),
             "total_measured_rate_h": sum(v["measured_rate_h"] for v in out.values())}
+
+# %% ../nbs/09_preflight.ipynb #6f126dc5
+_HW_KEYS = ("name", "peak_tflops", "fp32_tflops", "hbm_tb_s")
+
+def prediction_at_measured_rates(path) -> dict:
+    "`predict_paper` at the rates the preflight report `path` measured, on its device, for today's workload; and its source."
+    p = Path(path)
+    try: rep = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise StealthEvalError(f"{p}: cannot read a preflight report ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
+    hw = rep.get("hw") if isinstance(rep, dict) else None
+    paths = (((rep.get("steps") or {}).get("paths") or {}).get("result") or {}).get("paths") if isinstance(rep, dict) else None
+    if not isinstance(hw, dict) or any(not isinstance(hw.get(k), (int, float, str)) for k in _HW_KEYS):
+        raise StealthEvalError(f"{p}: not a preflight report: no device peaks ('hw' with {', '.join(_HW_KEYS)})")
+    if not isinstance(paths, list) or not all(isinstance(r, dict) for r in paths):
+        raise StealthEvalError(f"{p}: a preflight report without measured paths (steps.paths.result.paths): nothing to price")
+    try: rates = measured_rates(paths, hw, rep.get("scale"))
+    except (KeyError, TypeError, ValueError) as e:
+        raise StealthEvalError(f"{p}: a measured path lacks a field the rates need ({type(e).__name__}: {e})") from e
+    return {**predict_paper(rates, hw), "report": str(p), "started": rep.get("started"), "scale": rep.get("scale")}
 
 # %% ../nbs/09_preflight.ipynb #297b3bc3
 BUDGETS = {   # seconds per step

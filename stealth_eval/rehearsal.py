@@ -25,7 +25,8 @@ __all__ = ['REAL_CONFIGS', 'STANDS_FOR', 'TOKENIZER_KIND', 'SCALES', 'CHAT_TEMPL
            'build_rehearsal_model', 'build_rehearsal_models', 'rehearsal_scale', 'rehearsal_config', 'banner',
            'watermark', 'mark_text_artifacts', 'StageMonitor', 'measure_models', 'param_split', 'flops_per_token',
            'attention_flops', 'weight_bytes', 'prefill_seconds', 'decode_seconds', 'sampling_seconds', 'paper_workload',
-           'predict_seconds', 'cpu_layer_rows', 'cost_section', 'rehearsal_report', 'finish_rehearsal']
+           'predict_seconds', 'cpu_layer_rows', 'cost_section', 'preflight_prediction', 'rehearsal_report',
+           'finish_rehearsal']
 
 # %% ../nbs/06_rehearsal.ipynb #c882805a
 REAL_CONFIGS = {
@@ -592,21 +593,24 @@ def attention_flops(name: str, seq_len: int) -> float:
     return 4.0 * n * d * seq_len ** 2
 
 # %% ../nbs/06_rehearsal.ipynb #17cd0d97
-def weight_bytes(name: str) -> int:
-    "Bytes per weight in a paper run on a GPU: bf16 for the causal LMs (the gpu profile's dtype), float32 for T5, RoBERTa, E5."
+def weight_bytes(name: str, dtype: str | None = None) -> int:
+    """Bytes per weight in a paper run on a GPU: `dtype`'s where the run sets it (T5 and ProxiHuman's embedder: their
+    settings), else the checkpoint's: bf16 for the causal LMs (the gpu profile's dtype), float32 for RoBERTa, E5."""
+    if dtype is not None: return {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
     return 2 if real_config(name)["model_type"] in _BF16_CHECKPOINTS else 4
 
-def prefill_seconds(name: str, n_seqs: int, seq_len: float, hw: dict = H100, logits: bool = True, stacks=None) -> float:
+def prefill_seconds(name: str, n_seqs: int, seq_len: float, hw: dict = H100, logits: bool = True, stacks=None,
+                    dtype: str | None = None) -> float:
     "Predicted time of `n_seqs` forward passes of `seq_len` tokens: FLOPs / (peak of the weights' dtype x MFU)."
     f = n_seqs * (seq_len * flops_per_token(name, stacks, logits) + attention_flops(name, seq_len))
-    return f / ((hw["peak_tflops"] if weight_bytes(name) == 2 else hw["fp32_tflops"]) * 1e12 * hw["mfu"])
+    return f / ((hw["peak_tflops"] if weight_bytes(name, dtype) == 2 else hw["fp32_tflops"]) * 1e12 * hw["mfu"])
 
 # %% ../nbs/06_rehearsal.ipynb #1a9d036c
 def decode_seconds(name: str, rows: int, prompt_len: float, new_tokens: float, batch: int, hw: dict = H100,
-                   stacks=None) -> float:   # T5: ('decoder.block',)
+                   stacks=None, dtype: str | None = None) -> float:   # T5: ('decoder.block',)
     "Predicted time of the decode steps (prefill apart): steps x max(bytes read / bandwidth, FLOPs / compute) per step."
     import math
-    b = weight_bytes(name)
+    b = weight_bytes(name, dtype)
     steps = math.ceil(rows / batch) * new_tokens
     ctx = prompt_len + new_tokens / 2                                 # mean context of a step
     from stealth_eval.models import kv_bytes_per_token
@@ -630,6 +634,12 @@ PAPER_SIZES = {   # the spec's sizes the paper profile does not fix (stealthrl_e
     "mean_tokens": 300,     # the 100-500-token window's middle
     "prompt_overhead": 60,  # chat template and instruction around a paraphrased text
     "generate_ai": False,   # MAGE's AI texts are given: the data stage generates nothing
+    # The sanitize defense's texts are new only where sanitize changes a text (the store is content-addressed: an
+    # unchanged text is the text already scored). Measured on 6,344 real texts (../shared/data: MGTBench's ChatGPT
+    # answers and SQuAD/TruthfulQA human texts, DetectRL's human and AI texts, the Lee corpus; 2026-11-27):
+    # sanitize(x) != x for 0.23% of the AI texts and 0.72% of the human ones, and sanitize(m5_r(x)) == sanitize(x) at
+    # every homoglyph rate r for all but 3 texts (0.05%). Counted at 1%, rounded up.
+    "sanitize_changes": 0.01,
 }
 
 def _name_of(spec) -> str | None:
@@ -649,9 +659,20 @@ def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
     t5, am = _name_of(pt["t5_model"]), _name_of(cfg.get("authormist_model")) or "authormist-originality-rehearsal-standin"
     S, W = min(T, cfg["score_max_tokens"]), min(T, 512)
     rows = []
-    def add(stage, what, model, kind, n, L, new=0, batch=1, samples=0):
+    # A GPU batch pads each text to its bucket (models.bucket_length: the next multiple of the granule, at least one pad
+    # position), so a pass executes (granule + 1) / 2 tokens more than the text on average: counted for every bucketed
+    # pass (the scoring passes and T5's encoder: `score_bucket_tokens`; the embedders: `embed_bucket_tokens`)
+    pad_s, pad_e = (int(cfg.get("score_bucket_tokens", 64)) + 1) / 2, (int(cfg.get("embed_bucket_tokens", 32)) + 1) / 2
+    def add(stage, what, model, kind, n, L, new=0, batch=1, samples=0, dtype=None, pad=None):
+        if pad is None: pad = pad_s if kind in ("prefill", "prefill_encoder") else 0.0
         if model and n: rows.append({"stage": stage, "what": what, "model": model, "kind": kind, "seqs": int(n),
-                                     "tokens": float(L), "new_tokens": float(new), "batch": int(batch), "samples": int(samples)})
+                                     "tokens": float(L), "new_tokens": float(new), "batch": int(batch), "samples": int(samples),
+                                     "dtype": dtype, "pad_tokens": float(pad)})
+    def gpu_dtype(v):   # a dtype setting as a GPU run computes it ('auto': the run's dtype, itself the gpu profile's)
+        from stealth_eval.schema import DEVICE_PROFILES
+        run = cfg.get("dtype", "auto")
+        return v if v not in (None, "auto") else (run if run not in (None, "auto") else DEVICE_PROFILES["gpu"]["dtype"])
+    t5_dt, ph_dt = gpu_dtype(pt.get("t5_dtype")), gpu_dtype(pt.get("proxihuman_embed_dtype"))
     def batch_of(model, L):   # decode rows: the paraphrase batch, capped by the gpu profile's KV budget (models.decode_rows)
         from stealth_eval.models import decode_rows
         from stealth_eval.schema import DEVICE_PROFILES
@@ -664,7 +685,7 @@ def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
     for m, model in pools:
         P = T + z["prompt_overhead"]
         add("10_methods", f"{m} pool of {K} ({'adapter' if m == 'm2' else 'base'})", model, "decode", N * K, P, T, batch_of(model, P + T))
-        add("10_methods", f"{m} pool similarity", emb, "prefill", N * K + N, W)
+        add("10_methods", f"{m} pool similarity", emb, "prefill", N * K + N, W, pad=pad_e)
     if "m3" in meths:   # guided selection over M1's pool: the guides' forward passes
         add("10_methods", "m3 guide: roberta_openai", _name_of(cfg.get("classifier_model")), "prefill", N * K, W)
         add("10_methods", "m3 guide: likelihood panel", lm, "prefill", N * K, S)
@@ -672,7 +693,11 @@ def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
     n_out = {"m0": 1, "m1": min(K, m1_pool), "m2": min(K, len(ns)), "m4": min(K, len(ns)), "m5": len(cfg.get("homoglyph_rates", []))}
     if "m3" in meths: meths = meths | {"m1"}                          # M3's outputs are texts of M1's pool
     texts = N + N * sum(v for m, v in n_out.items() if m in meths)     # human + every condition's distinct outputs (upper bound)
-    texts += N * n_out["m5"] * ("m5" in meths and "m5" in (cfg.get("sanitize") or []))   # sanitized homoglyph texts
+    # The sanitize defense: human texts always, and the outputs of each method in `sanitize`; M5's sanitized texts are
+    # sanitize(M0's text) at every rate, so one text each. New texts only where sanitize changes one (PAPER_SIZES)
+    san = set(cfg.get("sanitize") or []) & meths
+    n_san = N + N * bool(san & {"m0", "m5"}) + N * sum(v for m, v in n_out.items() if m in san - {"m0", "m5"})
+    texts += math.ceil(z["sanitize_changes"] * n_san)
     if "roberta_openai" in dets: add("20_detectors", "roberta_openai", _name_of(cfg.get("classifier_model")), "prefill", texts, W)
     # One pass of each causal LM per text and window, whatever reads it (detectors.fetch_lm_uses): a reader whose
     # (model, tokens) an earlier reader already priced adds no row (the paper's texts fit every window: Falcon-7b's
@@ -706,28 +731,32 @@ def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
         ph = _name_of(pt.get("proxihuman_t5_model") or pt["t5_model"])
         sl, pc = pt.get("proxihuman_span_length", 1), pt.get("proxihuman_pct_masked", 0.1)
         n_p, fill = texts * pt["n_perturbations"], min(pt["t5_max_length"], math.ceil((sl + 1) * pc * T / sl) + 1)
-        add("20_detectors", "ProxiHuman T5 fills: encoder", ph, "prefill_encoder", n_p, min(T, pt["t5_max_input_tokens"]))
-        add("20_detectors", "ProxiHuman T5 fills: decoder", ph, "decode_decoder", n_p, min(T, pt["t5_max_input_tokens"]), fill, pt["batch_size"])
+        add("20_detectors", "ProxiHuman T5 fills: encoder", ph, "prefill_encoder", n_p, min(T, pt["t5_max_input_tokens"]), dtype=t5_dt)
+        add("20_detectors", "ProxiHuman T5 fills: decoder", ph, "decode_decoder", n_p, min(T, pt["t5_max_input_tokens"]), fill,
+            pt["batch_size"], dtype=t5_dt)
         phe = _name_of(pt.get("proxihuman_embedder") or cfg["embedder"])   # a sentence-transformers model reads its max_seq_length
-        add("20_detectors", "ProxiHuman embeddings", phe, "prefill", n_p + texts, min(W, SENTENCE_TRANSFORMERS.get(phe, {}).get("max_seq_length", W)))
+        add("20_detectors", "ProxiHuman embeddings", phe, "prefill", n_p + texts,
+            min(W, SENTENCE_TRANSFORMERS.get(phe, {}).get("max_seq_length", W)), dtype=ph_dt, pad=pad_e)
     if dets & {"detectgpt", "npr"}:
         n_p, fill = texts * pt["n_perturbations"], min(pt["t5_max_length"], math.ceil((pt["span_length"] + 1) * pt["pct_words_masked"] * T / (pt["span_length"] + 2 * pt["buffer_size"])) + 1)
-        add("20_detectors", "T5 fills: encoder", t5, "prefill_encoder", n_p, min(T, pt["t5_max_input_tokens"]))
-        add("20_detectors", "T5 fills: decoder", t5, "decode_decoder", n_p, min(T, pt["t5_max_input_tokens"]), fill, pt["batch_size"])
+        add("20_detectors", "T5 fills: encoder", t5, "prefill_encoder", n_p, min(T, pt["t5_max_input_tokens"]), dtype=t5_dt)
+        add("20_detectors", "T5 fills: decoder", t5, "decode_decoder", n_p, min(T, pt["t5_max_input_tokens"]), fill, pt["batch_size"], dtype=t5_dt)
         add("20_detectors", "perturbed texts scored", _name_of(pt.get("scoring_model")) or lm, "prefill", n_p, S)
     add("25_quality", "perplexity", _name_of(cfg["quality_lm"]), "prefill", texts - N, S)
-    add("25_quality", "similarity", emb, "prefill", texts, W)
+    add("25_quality", "similarity", emb, "prefill", texts, W, pad=pad_e)
     return rows
 
 # %% ../nbs/06_rehearsal.ipynb #d4e2f934
 def predict_seconds(row: dict, hw: dict = H100) -> float:
     "Predicted H100 seconds of one workload row (`paper_workload`)."
     m, n, L = row["model"], row["seqs"], row["tokens"]
-    if row["kind"] == "prefill": return prefill_seconds(m, n, L, hw)
+    if row["kind"] in ("prefill", "prefill_encoder"): L += row.get("pad_tokens", 0.0)   # the bucket's padding
+    dt = row.get("dtype")   # None: the checkpoint's (weight_bytes)
+    if row["kind"] == "prefill": return prefill_seconds(m, n, L, hw, dtype=dt)
     if row["kind"] == "sample_logits": return sampling_seconds(m, n * L, row["samples"], hw)
-    if row["kind"] == "prefill_encoder": return prefill_seconds(m, n, L, hw, logits=False, stacks=("encoder.block",))
-    if row["kind"] == "decode_decoder": return decode_seconds(m, n, L, row["new_tokens"], row["batch"], hw, stacks=("decoder.block",))
-    return prefill_seconds(m, n, L, hw) + decode_seconds(m, n, L, row["new_tokens"], row["batch"], hw)
+    if row["kind"] == "prefill_encoder": return prefill_seconds(m, n, L, hw, logits=False, stacks=("encoder.block",), dtype=dt)
+    if row["kind"] == "decode_decoder": return decode_seconds(m, n, L, row["new_tokens"], row["batch"], hw, stacks=("decoder.block",), dtype=dt)
+    return prefill_seconds(m, n, L, hw, dtype=dt) + decode_seconds(m, n, L, row["new_tokens"], row["batch"], hw, dtype=dt)
 
 # %% ../nbs/06_rehearsal.ipynb #12a8357c
 def _depth(name: str, scale: str) -> int:
@@ -754,7 +783,8 @@ def cpu_layer_rows(model_rows: list, scale: str) -> list:
 
 # %% ../nbs/06_rehearsal.ipynb #36cf50c2
 def cost_section(cfg: dict, model_rows: list, sizes: dict | None = None, hw: dict = H100,
-                 paper: dict | None = None) -> list:   # the paper profile's settings (the runner passes config.PROFILES')
+                 paper: dict | None = None,    # the paper profile's settings (the runner passes config.PROFILES')
+                 measured: dict | None = None) -> list:   # preflight.prediction_at_measured_rates of a preflight report
     "The report's cost model: the PREDICTED H100 time of the paper run per stage, beside the CPU's measured per-block costs."
     if not paper: return ["## PREDICTION: not made (no paper profile was given to the report)"]   # config is not imported: no cycle
     z = {**PAPER_SIZES, **(sizes or {})}
@@ -768,16 +798,32 @@ def cost_section(cfg: dict, model_rows: list, sizes: dict | None = None, hw: dic
          f"{max(paper['n_candidates'])} candidates, {paper['perturbation']['n_perturbations']} perturbations per scored text). "
          f"Prefill and scoring: FLOPs = 2 x (block + head parameters) x tokens + 4 x blocks x (heads x head_dim) x L^2 per "
          f"sequence, at {hw['mfu']:.0%} of {hw['peak_tflops']:.0f} TFLOP/s (bf16 dense; float32 models at "
-         f"{hw['fp32_tflops']:.0f} TFLOP/s: TF32 is off by default in PyTorch). Decode: steps x max(bytes of weights + KV "
+         f"{hw['fp32_tflops']:.0f} TFLOP/s: TF32 is off by default in PyTorch; T5 and ProxiHuman's embedder in the dtype "
+         f"their settings give a GPU run: {paper['perturbation'].get('t5_dtype')} and "
+         f"{paper['perturbation'].get('proxihuman_embed_dtype')}, 'auto' being bf16 there). Each bucketed pass executes "
+         f"(granule + 1) / 2 pad tokens a text on average ({paper.get('score_bucket_tokens')}-token scoring buckets). "
+         f"The sanitize defense adds a text only where sanitize changes one (counted at {z['sanitize_changes']:.0%} of its texts; measured 0.2-0.7% on 6,344 real texts). Decode: steps x max(bytes of weights + KV "
          f"cache / ({hw['bw_eff']:.0%} of {hw['hbm_tb_s']} TB/s), FLOPs / compute) per step, with the batch the KV budget allows. "
          "Trained paraphrasers are assumed to stop at the source length; distinct outputs per condition are upper bounds "
          "(every budget's choice counted as a new text); each scored text is perturbed. Lastde++'s sampling: positions x "
          f"({LOGIT_PASS_BYTES} bytes x vocabulary + samples x log2(vocabulary) x 8 bytes) at the decode bandwidth.", "",
          f"| stage | predicted H100 hours | share |", "|---|---|---|"]
     L += [f"| {k} | {v / 3600:.2f} | {100 * v / tot:.0f}% |" for k, v in by.items()]
-    L += [f"| **total** | **{tot / 3600:.1f}** | 100% |", "",
+    L += [f"| **total** | **{tot / 3600:.1f}** | 100% |", ""]
+    if measured:   # the same workload at the rates a preflight measured on its device (unmeasured rows: assumed rates)
+        L += [f"### At the rates a preflight measured on {measured['device']}", "",
+              f"`{measured['report']}` (started {measured.get('started')}, {measured.get('scale')} shapes): each row at the "
+              "share of the peak (prefill) or of the bandwidth (decode) its model's path reached there; rows no path "
+              "measured keep the assumed rates. A preflight's few texts fill few batch rows, so these rates are lower "
+              "bounds of what a full run reaches.", "",
+              f"| stage | predicted hours on {measured['device']} | rows at a measured rate |", "|---|---|---|"]
+        L += [f"| {k} | {v['measured_rate_h']:.2f} | {v['rows_measured']} of {v['rows']} |" for k, v in measured["stages"].items()]
+        L += [f"| **total** | **{measured['total_measured_rate_h']:.1f}** | |", ""]
+    L += [
           "| stage | work | model | sequences | tokens each | new tokens | batch | predicted H100 hours |", "|---|---|---|---|---|---|---|---|"]
-    L += [f"| {w['stage']} | {w['what']} | {w['model']} | {w['seqs']:,} | {w['tokens']:.0f} | {w['new_tokens']:.0f} | "
+    L += [f"| {w['stage']} | {w['what']} | {w['model']}{f' ({d})' if (d := w.get('dtype')) else ''} | {w['seqs']:,} | {w['tokens']:.0f}"
+          f"{f' + {p:g} pad' if (p := w.get('pad_tokens', 0)) else ''} | "
+          f"{w['new_tokens']:.0f} | "
           f"{w['batch'] if w['kind'].startswith('decode') else '–'} | {w['seconds'] / 3600:.3f} |" for w in rows]
     scale = (cfg.get("rehearsal") or {}).get("scale")
     cl = cpu_layer_rows(model_rows, scale)
@@ -792,6 +838,15 @@ def cost_section(cfg: dict, model_rows: list, sizes: dict | None = None, hw: dic
         L += [f"| {c['model']} | {c['depth']} | {fmt(c['ms'])} / {c['unit'].split()[-1]} | {fmt(c['gflops'], 0)} | "
               f"{fmt(c['ms_block'])} | {fmt(c['ms_head'])} | {fmt(c['ms_full'])} ({c['real_depth']}) | {fmt(c['h100_ms'], 4)} |" for c in cl]
     return L
+
+# %% ../nbs/06_rehearsal.ipynb #f59f4153
+def preflight_prediction(cfg: dict) -> dict | None:
+    """The paper run priced at a preflight's measured rates: the report `rehearsal.preflight` names (checked when the
+    settings are read), else `preflight/preflight.json` beside the run's folder if there is one; None without a report."""
+    from stealth_eval.preflight import prediction_at_measured_rates
+    named = (cfg.get("rehearsal") or {}).get("preflight")
+    path = Path(named).expanduser() if named else Path(cfg.get("out_dir", "artifacts")).parent / "preflight" / "preflight.json"
+    return prediction_at_measured_rates(path) if named or path.is_file() else None
 
 # %% ../nbs/06_rehearsal.ipynb #cce0ed57
 def _machine(cfg: dict) -> str:
@@ -839,7 +894,7 @@ def rehearsal_report(info: dict, cfg: dict, model_rows: list, paper: dict | None
                "layers": "- At the `layers` shapes every width, head count, vocabulary and position limit is real and only "
                          "the depth is 1-2 blocks: the per-block costs below scale to full depth; the sample sizes are a CPU's.",
                }.get(r.get("scale"), "- At full shapes the per-model figures are the real models' costs on this machine.")]
-    lines += [""] + cost_section(cfg, model_rows, paper=paper)
+    lines += [""] + cost_section(cfg, model_rows, paper=paper, measured=preflight_prediction(cfg))
     return "\n".join(lines) + "\n"
 
 # %% ../nbs/06_rehearsal.ipynb #6fa73f21

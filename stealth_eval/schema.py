@@ -12,6 +12,7 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 
 from .core import StealthEvalError
 
@@ -251,8 +252,9 @@ class Perturbation(Section):
     t5_max_length: int = setting(150, "T5 output length cap (reference generate(max_length=150))", "count")
     t5_max_input_tokens: int = setting(512, "T5 window: longer sources are cut at a word boundary (recorded)", "count")
     t5_tokens_per_span: int = setting(10, "T5 length cap per mask: a row's cap is max(t5_max_length, 2 + this * masks)", "count")
-    t5_dtype: str = setting("float32", "T5 weights on every device (the reference: float32 unless --half)",
-                            choices="float32|bfloat16|float16", allowed="float32, bfloat16 or float16")
+    t5_dtype: str = setting("auto", "T5 weights ('auto': the run's `dtype`, so float32 on a CPU and bfloat16 on a GPU; the "
+                            "reference: float32, or bfloat16 with --half)",
+                            choices="auto|float32|bfloat16|float16", allowed="auto, float32, bfloat16 or float16")
     fill_batch_tokens: int = setting(8192, "T5 fills: source tokens per batch, rows = min(batch_size, this / padded length); 0: one unpadded text a batch", "count0")
     infill_model: str = setting("smollm2-135m-instruct", "causal LM of the offline variant (*_lminfill)")
     fill_max_tokens: int = setting(12, "causal-LM infill: at most this many tokens per span", "count")
@@ -266,6 +268,9 @@ class Perturbation(Section):
     proxihuman_span_length: int = setting(1, "ProxiHuman: words per masked span, no buffer (the paper masks single tokens)", "count")
     proxihuman_t5_model: str | None = setting(None, "ProxiHuman's T5 span filler (paper: t5-large; None: t5_model)")
     proxihuman_embedder: str | None = setting(None, "ProxiHuman's embedder (paper: sentence-transformers/all-mpnet-base-v2; None: the run's embedder)")
+    proxihuman_embed_dtype: str = setting("auto", "ProxiHuman's embedder weights ('auto': the run's `dtype`: float32 on a CPU, "
+                                          "bfloat16 on a GPU)", choices="auto|float32|bfloat16|float16",
+                                          allowed="auto, float32, bfloat16 or float16")
 
 # %% ../nbs/03_schema.ipynb #50f59369
 @section("lastde")
@@ -394,7 +399,8 @@ _DEVICE, _DEVICES = r"auto|cpu|mps|cuda(:[0-9]+)?", "auto, cpu, mps, cuda or cud
 # 8 bytes x 10,000 x 5,000 texts = 0.4 GB per array; past it the Monte Carlo error of a percentile interval is far
 # below the sampling error it measures
 MAX_BOOTSTRAP = 10_000
-REHEARSAL_KEYS = ("scale", "seed", "measure_models", "banner", "models")   # what 06_rehearsal reads and writes
+REHEARSAL_KEYS = ("scale", "seed", "measure_models", "banner", "models",   # what 06_rehearsal reads and writes
+                  "preflight")   # a preflight.json whose measured rates price the paper run (09_preflight)
 
 @section("")
 class Settings(Section):
@@ -512,6 +518,9 @@ class Settings(Section):
     def check(self):
         unknown = [k for k in (self.rehearsal or {}) if k not in REHEARSAL_KEYS]
         if unknown: raise SettingsError(f"rehearsal.{unknown[0]}: unknown key. Known keys here: {', '.join(REHEARSAL_KEYS)}")
+        pf = (self.rehearsal or {}).get("preflight")
+        if pf is not None and not (isinstance(pf, str) and Path(pf).expanduser().is_file()):
+            raise SettingsError(f"rehearsal.preflight={_shown(pf)}: not a file (a preflight.json written by `stealth-eval preflight`)")
         if any(b <= a for a, b in zip(self.length_bins, self.length_bins[1:])):
             raise SettingsError(f"length_bins={_shown(self.length_bins)}: the edges must increase")
         e = self.beemo_edit_bins

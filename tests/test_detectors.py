@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stealth_eval.core import Cache, sha256_text, write_json, write_jsonl
+from stealth_eval.core import Cache, StealthEvalError, sha256_text, write_json, write_jsonl
 from stealth_eval.detectors import (DETECTORS, binoculars_from_logits, panel_from_logits, panel_stats,
                                     run_detectors_stage, score_binoculars_pair, score_texts)
 from stealth_eval.models import load_causal_lm, make_tiny_lm
@@ -289,6 +289,10 @@ def test_t5_that_cannot_load_is_skipped_with_reason(models, tmp_path):
     skipped = json.loads((out / "skipped.json").read_text())["detectors"]
     assert set(skipped) == {"detectgpt", "npr"} and "could not load the T5 span filler" in skipped["detectgpt"]
     assert set(scores["detector_name"]) == {"log_likelihood"}
+    # every detector of the run skipped: one line naming each and why (before: KeyError 'text_out', exit 1) (#37)
+    cfg = {**cfg, "detectors": ["detectgpt", "npr"]}
+    with pytest.raises(StealthEvalError, match=r"no detector of the run could score: detectgpt: could not load the T5 span filler.*; npr: "):
+        run_detectors_stage(cfg, Cache(tmp_path / "store"))
 
 
 def test_truncation_is_recorded(models, tmp_path):

@@ -173,3 +173,19 @@ def test_hub_repos_are_read_from_the_hub_cache_offline(bert, tmp_path, monkeypat
     _hub_cache(cache, "someone/plain-bert", {"config.json": bert / "config.json"}, absent=["modules.json"])
     with pytest.raises(StealthEvalError, match="neither a sentence-transformers model"):
         models.embedder_convention("someone/plain-bert", cache_dir=cache)
+
+
+def test_an_embedder_in_bfloat16_has_its_own_identity_and_pools_in_float32(bert, tmp_path):
+    """ProxiHuman's embedder may run in bf16 (`perturbation.proxihuman_embed_dtype`, a GPU run's default): its identity
+    says so (a bf16 embedding never answers for a float32 one in the store), float32's identity is unchanged, the
+    weights are bf16, and the vectors (pooled in float32) stay close to float32's."""
+    st = _st(bert, tmp_path / "tiny-st")
+    f32 = models.load_embedder(str(st), device="cpu")
+    b16 = models.load_embedder(str(st), device="cpu", dtype="bfloat16")
+    assert f32.identity == models.embedder_identity(str(st)) == models.embedder_identity(str(st), dtype="float32")
+    assert b16.identity == models.embedder_identity(str(st), dtype="bfloat16") == f32.identity + "#bfloat16"
+    got, ref = b16.encode(TEXTS), f32.encode(TEXTS)
+    assert got.dtype == np.float32 and not np.array_equal(got, ref)
+    assert np.abs(got - ref).max() < 0.05 and (got * ref).sum(1).min() > 0.995   # unit vectors: cosine to float32's
+    with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
+        models.embedder_identity(str(st), dtype="int8")

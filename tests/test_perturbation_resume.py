@@ -192,7 +192,7 @@ def test_perturbations_independent_of_the_texts_beside_them(tiny_t5, tmp_path):
     assert alone[sha256_text(a)] == mixed[sha256_text(a)]
 
 
-# ---- 4. T5's dtype is a setting (float32 by default on every device), and its identity loads nothing --------------
+# ---- 4. T5's dtype is a setting (the run's by default), and its identity loads nothing --------------
 def test_t5_dtype_from_settings_and_one_load_per_spelling(tiny_t5):
     from stealth_eval.models import LOADS
     before = sum(n for k, n in LOADS.items() if k[0] == "t5" and k[1] == tiny_t5)
@@ -204,17 +204,24 @@ def test_t5_dtype_from_settings_and_one_load_per_spelling(tiny_t5):
     assert sum(n for k, n in LOADS.items() if k[0] == "t5" and k[1] == tiny_t5) - before <= 2
 
 
-def test_t5_stays_float32_under_gpu_settings(tiny_t5, tmp_path, monkeypatch):
-    "The device string no longer picks T5's dtype (any device but 'cpu' gave bf16); the causal LMs' `dtype` does not apply."
+def test_t5_dtype_follows_the_run_unless_set(tiny_t5, tmp_path, monkeypatch):
+    """`t5_dtype='auto'` (the default) is the run's dtype: bfloat16 under the GPU settings (the reference's --half), float32
+    on a CPU; a dtype set explicitly holds on every device. The dtype is in the fills' cache keys: a bf16 fill never
+    answers for a float32 one (the device string alone picks nothing: device 'cpu:0' with the gpu profile here)."""
     from transformers import AutoModelForSeq2SeqLM
     seen, real = [], AutoModelForSeq2SeqLM.from_pretrained
     def recording(*a, **k):
         seen.append(k.get("dtype"))
         return real(*a, **k)
     monkeypatch.setattr(AutoModelForSeq2SeqLM, "from_pretrained", recording)
-    cfg = dict(_cfg(tiny_t5, n_perturbations=1), device="cpu:0", device_profile="gpu", dtype="bfloat16")
-    pt.perturb_texts(TEXTS[:1], "t5", cfg, Cache(tmp_path / "s"))
-    assert seen == [torch.float32]
+    pt._load_t5.cache_clear()
+    gpu = dict(_cfg(tiny_t5, n_perturbations=1), device="cpu:0", device_profile="gpu", dtype="bfloat16")
+    cpu = dict(gpu, device_profile="cpu", dtype="float32")
+    pinned = dict(gpu, perturbation={**gpu["perturbation"], "t5_dtype": "float32"})
+    store = Cache(tmp_path / "s")
+    for c in (gpu, cpu, pinned): pt.perturb_texts(TEXTS[:1], "t5", c, store)
+    assert seen == [torch.bfloat16, torch.float32]         # the pinned run loads nothing new: it is the CPU run's model
+    assert len(_entries(tmp_path / "s")) == 2              # and reads the CPU run's fill: one entry per dtype
 
 
 def test_hub_t5_identity_loads_no_weights(monkeypatch):
