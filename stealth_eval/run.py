@@ -499,7 +499,8 @@ def _run_stages(nbs: Path, out: Path, params: dict, info: dict, mon=None, guard:
 def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detectors=None, n_candidates=None,
                  out_dir: str = "artifacts", seed: int = 0, overrides=None, no_cache: bool = False, nbs_dir=None,
                  offline: bool = False, trust_remote_code: bool = False, cache_dir=None, plugins=None,
-                 engine: str | None = None) -> Path:
+                 engine: str | None = None,
+                 finished=None) -> Path:  # called with the run folder at the end, while the run still holds it
     "Run the five stages; return the run folder. SIGINT and SIGTERM stop it between any two steps (`RunInterrupted`)."
     from stealth_eval.config import parse_set, resolve_config, resolve_device_settings
     from stealth_eval.schema import Settings
@@ -569,6 +570,7 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
                     write_json(out / "run_info.json", info)
                     finish_rehearsal(out, cfg, info, paper=PROFILES["paper"].to_dict())   # the cost model's workload
                 write_json(out / "run_info.json", info)
+                if finished: finished(out)
                 guard.check(where="after the last stage")
             except (StealthEvalError, StageFailed, RunInterrupted): raise
             except Exception as e:                 # a bug of the runner itself: its traceback goes to the run log too
@@ -760,14 +762,15 @@ def main(argv=None) -> int:
             for key, kind, value, doc in rows: print(f"  {key:<{w}}  {value}  ({kind}) {doc}")
             return EXIT_OK
         with interrupt_guard() as guard:       # from here on a signal is recorded, never raised, and the run acts on it
-            try:
-                out = run_pipeline(args.profile, args.datasets, args.methods, args.detectors, args.n_candidates,
-                                   cli_path(args.out_dir, "artifacts"), args.seed, args.overrides, args.no_cache,
-                                   args.nbs_dir and cli_path(args.nbs_dir), args.offline, args.trust_remote_code,
-                                   args.cache_dir and cli_path(args.cache_dir), args.plugins, args.engine)
-            except SystemExit as e: raise StealthEvalError(_exit_culprit(e, args.plugins)) from None
             from stealth_eval.report import headline
-            text = headline(out)
+            text = []                          # read while the run still holds its folder: a next run may move it aside
+            try:
+                run_pipeline(args.profile, args.datasets, args.methods, args.detectors, args.n_candidates,
+                             cli_path(args.out_dir, "artifacts"), args.seed, args.overrides, args.no_cache,
+                             args.nbs_dir and cli_path(args.nbs_dir), args.offline, args.trust_remote_code,
+                             args.cache_dir and cli_path(args.cache_dir), args.plugins, args.engine,
+                             finished=lambda out: text.append(headline(out)))
+            except SystemExit as e: raise StealthEvalError(_exit_culprit(e, args.plugins)) from None
             guard.check(where="after the last stage")
     except StealthEvalError as e:
         print(f"stealth-eval: error: {e}", file=sys.stderr)
@@ -785,7 +788,7 @@ def main(argv=None) -> int:
         print(f"stealth-eval: internal error (a bug: please report it): {type(e).__name__}: "
               f"{(str(e).strip().splitlines() or [''])[0]}" + (f"; the traceback is in {where}" if where else ""), file=sys.stderr)
         return EXIT_INTERNAL
-    print(text)
+    print(text[0])
     return EXIT_OK
 
 # %% ../nbs/90_run.ipynb #6bb3518f
