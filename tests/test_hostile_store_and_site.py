@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from conftest import ROOT, cli_env, run_cli
+from conftest import ROOT, cli_env, one_error_line, run_cli
 
 from stealth_eval.config import PIPELINE
 from stealth_eval.core import STORE_MARKER, Cache, verify_store, write_json
@@ -34,12 +34,6 @@ def _files(root: Path) -> dict:
     return out
 
 
-def _one_error_line(p, prog: str) -> str:
-    lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"stealth-eval {prog}: error: "), (p.returncode, p.stderr)
-    return lines[0]
-
-
 # ---------------------------------------------------------------- cache prune
 
 def test_prune_refuses_a_folder_that_is_not_a_store(tmp_path):
@@ -52,12 +46,12 @@ def test_prune_refuses_a_folder_that_is_not_a_store(tmp_path):
     store.put(store.key("lm_panel", text="t"), {"fdg": 1.25})
     before = _files(user)
     for action in ("prune", "verify"):
-        line = _one_error_line(run_cli("cache", action, "--cache_dir", user, check=False), "cache")
+        line = one_error_line(run_cli("cache", action, "--cache_dir", user, check=False), "cache")
         assert f"{user} is not a stealth-eval content store (no marker {STORE_MARKER}" in line, line
         assert line.endswith(f"did you mean {user / 'store'}?"), line
     assert _files(user) == before                                        # every file kept, store included
     home = tmp_path / "home"; home.mkdir(); (home / "thesis.tex").write_text("\\section{}")
-    line = _one_error_line(run_cli("cache", "prune", "--cache_dir", home, check=False), "cache")
+    line = one_error_line(run_cli("cache", "prune", "--cache_dir", home, check=False), "cache")
     assert "thesis.tex is not a store entry" in line and "did you mean" not in line
     assert (home / "thesis.tex").read_text() == "\\section{}"
 
@@ -145,7 +139,7 @@ def test_report_refuses_a_linked_figures_folder(tmp_path):
     site.mkdir(); elsewhere.mkdir(); (elsewhere / "holiday.png").write_bytes(b"mine")
     (site / "figures").symlink_to(elsewhere, target_is_directory=True)
     before = _files(elsewhere)
-    line = _one_error_line(run_cli("report", "--out_dir", run, "--site_dir", site, check=False), "report")
+    line = one_error_line(run_cli("report", "--out_dir", run, "--site_dir", site, check=False), "report")
     assert "is a symbolic link" in line, line
     assert _files(elsewhere) == before and not (site / "index.html").exists()
 
@@ -169,7 +163,7 @@ def test_docs_write_only_their_own_pages(tmp_path):
 def test_report_of_an_incomplete_run_is_refused_naming_the_stage(tmp_path, stages, said):
     "A run folder whose run_info.json records a stage failed, interrupted or never run (metrics.json of an earlier run there)."
     run = _run_folder(tmp_path, stages)
-    line = _one_error_line(run_cli("report", "--out_dir", run, check=False), "report")
+    line = one_error_line(run_cli("report", "--out_dir", run, check=False), "report")
     assert said in line and str(run) in line, line
     assert not (run / "site").exists()
 
@@ -210,5 +204,5 @@ def test_docs_writes_into_its_site_dir_and_help_writes_nothing(tmp_path):
 def test_report_of_a_folder_without_run_info_is_refused(tmp_path):
     run = _run_folder(tmp_path)
     (run / "run_info.json").unlink()
-    line = _one_error_line(run_cli("report", "--out_dir", run, check=False), "report")
+    line = one_error_line(run_cli("report", "--out_dir", run, check=False), "report")
     assert "no run_info.json" in line, line

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ROOT, cli_env, run_cli
+from conftest import ROOT, cli_env, one_error_line, run_cli
 
 from stealth_eval.run import RUN_LOCK
 
@@ -84,13 +84,6 @@ def test_a_run_that_failed_midway_is_set_aside_whole(tmp_path):
     assert not (out / "data" / "padben.jsonl").exists()
 
 
-def _refusal(p) -> str:
-    "The one line of a run refused before it started (exit 2)."
-    lines = [x for x in p.stderr.splitlines() if x.strip()]
-    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("stealth-eval: error: "), (p.returncode, p.stderr[-3000:])
-    return lines[0]
-
-
 def test_a_second_run_into_a_folder_in_use_is_refused_naming_the_first(tmp_path):
     """Two runs into one --out_dir: the second moved the first's files into .previous_run/ and the first died in its
     next stage. Now the second is refused in one line naming the first's pid, and the first finishes untouched."""
@@ -106,7 +99,7 @@ def test_a_second_run_into_a_folder_in_use_is_refused_naming_the_first(tmp_path)
             except (OSError, ValueError): pass
             time.sleep(0.2)
         assert stage == "ok", "the first run did not reach its second stage"
-        line = _refusal(run_cli(*args, check=False))
+        line = one_error_line(run_cli(*args, check=False))
         assert line == (f"stealth-eval: error: --out_dir {out}: another run is writing into this folder (pid {first.pid}, "
                         f"since {json.loads((out / f'{RUN_LOCK}.holder').read_text())['since']}); wait for it to end or "
                         f"choose another --out_dir"), line
@@ -132,7 +125,7 @@ def test_the_lock_of_a_killed_run_blocks_nothing(tmp_path):
     finally: holder.kill(); holder.wait()
     assert (out / f"{RUN_LOCK}.lock").exists() and json.loads((out / f"{RUN_LOCK}.holder").read_text())["pid"] == holder.pid
     (out / "metrics.json").write_text("{}")                             # checked only once the lock is held
-    line = _refusal(run_cli("--profile", "tiny", "--out_dir", out, check=False))
+    line = one_error_line(run_cli("--profile", "tiny", "--out_dir", out, check=False))
     assert "'metrics.json' is named like a file a run writes" in line and "another run" not in line, line
 
 
@@ -142,7 +135,7 @@ def test_a_users_files_named_like_artifacts_are_refused_before_the_run(tmp_path)
     out = tmp_path / "run"
     mine = {"metrics.json": '{"mine": true}', "tables/table_main_lee_news.md": "| my | table |", "my_notes.txt": "notes"}
     for rel, text in mine.items(): (out / rel).parent.mkdir(parents=True, exist_ok=True); (out / rel).write_text(text)
-    line = _refusal(run_cli("--profile", "tiny", "--out_dir", out, check=False))
+    line = one_error_line(run_cli("--profile", "tiny", "--out_dir", out, check=False))
     assert f"--out_dir {out}: 'metrics.json', 'tables/table_main_lee_news.md' are named like files a run writes" in line, line
     assert "my_notes.txt" not in line
     assert {p.relative_to(out).as_posix(): p.read_text() for p in out.rglob("*") if p.is_file() and RUN_LOCK not in p.name} == mine
@@ -154,5 +147,5 @@ def test_a_relative_out_dir_is_taken_from_the_current_folder(tmp_path):
     (tmp_path / "rel" / "metrics.json").write_text("{}")                # refused there: the run stops before any stage
     p = subprocess.run([sys.executable, "-m", "stealth_eval.run", "--profile", "tiny", "--out_dir", "rel"], cwd=tmp_path,
                        env=cli_env(), capture_output=True, text=True, timeout=300)
-    assert _refusal(p).startswith(f"stealth-eval: error: --out_dir {tmp_path / 'rel'}: 'metrics.json' is named like"), p.stderr
+    assert one_error_line(p).startswith(f"stealth-eval: error: --out_dir {tmp_path / 'rel'}: 'metrics.json' is named like"), p.stderr
     assert not (ROOT / "rel").exists()
