@@ -119,7 +119,7 @@ def check_names(cfg) -> None:
         for p in key.split("."): v = (v or {}).get(p)
         names = [n for n in ([v] if isinstance(v, str) else list(v or [])) if n not in NAMED_ALSO.get(key, ())]
         try: regs[kind].check(names)
-        except UnknownNameError as e: raise UnknownNameError(f"{key}: {e}") from None
+        except StealthEvalError as e: raise type(e)(f"{key}: {e}") from None    # unknown, or given twice
         bad = [n for n in names if ok and not ok(regs[kind].get(n))]
         if bad: raise SettingsError(f"{key}.{bad[0]}: {kind} {bad[0]} {says}")
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import copy
+import datetime
 from collections.abc import Mapping
 import difflib
 import hashlib
@@ -15,6 +16,7 @@ import logging
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,10 +31,10 @@ from pathlib import Path
 __all__ = ['CACHE_FORMAT', 'STORE_MARKER', 'PROVENANCE_PACKAGES', 'StealthEvalError', 'UnknownNameError', 'ComponentUnavailable',
            'few', 'Registry', 'project_root', 'user_cache_dir', 'resolve_path', 'get_logger', 'progress',
            'sha256_bytes', 'sha256_text', 'stable_hash', 'file_sha256', 'atomic_write_bytes', 'atomic_write_text',
-           'file_lock', 'build_file_once', 'to_jsonable', 'write_json', 'read_json', 'deep_merge', 'record_skipped',
-           'write_jsonl', 'read_jsonl', 'check_entry', 'parts_of', 'LocalEngine', 'Cache', 'check_store',
-           'verify_store', 'prune_store', 'record_source', 'recording_sources', 'file_source', 'package_versions',
-           'git_commit', 'md_tex']
+           'LockHeld', 'pid_alive', 'file_lock', 'build_file_once', 'to_jsonable', 'write_json', 'read_json',
+           'deep_merge', 'record_skipped', 'write_jsonl', 'read_jsonl', 'check_entry', 'parts_of', 'LocalEngine',
+           'Cache', 'check_store', 'verify_store', 'prune_store', 'record_source', 'recording_sources', 'file_source',
+           'package_versions', 'git_commit', 'md_tex']
 
 # %% ../nbs/01_core.ipynb #d5cc8c30
 class StealthEvalError(Exception):
@@ -62,13 +64,15 @@ class Registry:
     def names(self) -> list: return list(self.entries)
 
     def check(self, names) -> list:
-        "Return `names` as a list, or raise `UnknownNameError` naming the valid choices."
+        """Return `names` as a list, or raise `UnknownNameError` naming the valid choices; a name given twice is refused
+        too (it would run twice and write one result over the other: likely a slip for another name)."""
         names = [names] if isinstance(names, str) else list(names)
-        for n in names:
+        for i, n in enumerate(names):
             if n not in self.entries:
                 close = difflib.get_close_matches(str(n), self.names(), n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise UnknownNameError(f"unknown {self.kind} {n!r}.{hint} Valid {self.kind}s: {', '.join(self.names())}")
+            if n in names[:i]: raise StealthEvalError(f"{self.kind} {n!r} is given twice; name each {self.kind} once")
         return names
 
     def get(self, name: str):
@@ -164,23 +168,67 @@ def atomic_write_bytes(path, data: bytes,
 def atomic_write_text(path, text: str, mode: int | None = None) -> Path: return atomic_write_bytes(path, text.encode("utf-8"), mode)
 
 # %% ../nbs/01_core.ipynb #0d1a1960
+_HOST = socket.gethostname()   # a lock's holder records its machine: a pid is checked only on the machine it names
+
+class LockHeld(StealthEvalError):
+    """`file_lock(..., wait=False)` found the lock held by another process: `holder` is its record ({pid, host, what,
+    since}) or None, `who` the holder in words ('pid 4242, since 2026-11-27T08:00:00+00:00')."""
+    def __init__(self, path, holder: dict | None):
+        self.path, self.holder = Path(path), holder
+        self.who = (f"pid {holder.get('pid')}" + (f" on {holder['host']}" if holder.get("host") not in (None, _HOST) else "")
+                    + f", since {holder.get('since')}") if holder else "which has not recorded itself yet"
+        super().__init__(f"{self.path} is held by another process ({self.who})")
+
+def pid_alive(pid) -> bool:
+    "Whether a process with this id runs on this machine."
+    try: os.kill(int(pid), 0)
+    except PermissionError: return True                 # it exists, under another user
+    except (OSError, OverflowError, TypeError, ValueError): return False
+    return True
+
 class file_lock:
-    "An inter-process lock on `path` (the file `path.lock`, via `filelock`); logs once when it has to wait for another process."
-    def __init__(self, path, what: str = ""):  # what the holder is doing, for the waiting message
+    """An inter-process lock on `path`: the file `path.lock` via `filelock`, an `flock` the kernel drops when its holder
+    ends, however it ends (a lock file left behind by a killed process holds nothing, so no lock goes stale). The holder
+    records itself in `path.holder` ({pid, host, what, since}; removed on release) for the other process's message: that
+    one waits (logged once, naming the holder) or, with `wait=False`, gets `LockHeld` at once."""
+    def __init__(self, path, what: str = "",  # what the holder is doing, for the other process's message
+                 wait: bool = True):          # False: raise `LockHeld` instead of waiting
         from filelock import FileLock
-        self.path, self.what = Path(path), what
+        self.path, self.what, self.wait = Path(path), what, wait
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.lock = FileLock(str(self.path) + ".lock")
+        self.record = Path(str(self.path) + ".holder")
+
+    def holder(self, patience: float = 1.0) -> dict | None:
+        """The record of the process holding the lock, or None. A record naming a process that has ended (left by a
+        killed holder) is not the holder's: the holder writes its own just after acquiring, so this waits `patience`
+        seconds for it."""
+        end = time.monotonic() + patience
+        while True:
+            try: rec = json.loads(self.record.read_text(encoding="utf-8"))
+            except (OSError, ValueError): rec = None
+            if isinstance(rec, dict) and (rec.get("host") != _HOST or pid_alive(rec.get("pid"))): return rec
+            if time.monotonic() >= end: return None
+            time.sleep(0.05)
 
     def __enter__(self):
         from filelock import Timeout
         try: self.lock.acquire(timeout=0)
         except Timeout:
-            get_logger().info(f"waiting for another process {self.what or 'writing'} {self.path} ...")
+            who = self.holder()
+            if not self.wait: raise LockHeld(self.path, who) from None
+            pid = f" (pid {who.get('pid')})" if who else ""
+            get_logger().info(f"waiting for another process{pid} {self.what or 'writing'} {self.path} ...")
             self.lock.acquire()
+        since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        try: atomic_write_text(self.record, json.dumps({"pid": os.getpid(), "host": _HOST, "what": self.what, "since": since}))
+        except OSError: pass                            # the record only serves the other process's message
         return self
 
-    def __exit__(self, *exc): self.lock.release()
+    def __exit__(self, *exc):
+        try: self.record.unlink(missing_ok=True)
+        except OSError: pass
+        self.lock.release()
 
 # %% ../nbs/01_core.ipynb #c11a62c9
 def build_file_once(path, build, check=None, what: str = "building") -> Path:

@@ -154,11 +154,13 @@ def headline(out: Path) -> str:
     return "\n".join(lines)
 
 # %% ../nbs/50_report.ipynb #58eda37a
-def index_body(run: Path, figures: list, tables: list) -> str:
+def index_body(run: Path, figures: list, tables: list,
+               own: set) -> str:  # the files run_info.json lists as the run's (relative paths): no other file is shown
     "The index page's HTML body: facts, acceptance criteria, headline, figures, notes, tables, configuration."
     run = Path(run)
+    mine = lambda rel: rel in own and (run / rel).exists()
     parts = [f"<h1>stealth-eval report: {html.escape(run.name)}</h1>", _facts_table(run)]
-    if (run / "acceptance.md").exists():   # the spec's acceptance criteria first: is the run what the paper needs?
+    if mine("acceptance.md"):   # the spec's acceptance criteria first: is the run what the paper needs?
         parts.append(md_to_html((run / "acceptance.md").read_text(encoding="utf-8"))
                      .replace("h2>", "h3>").replace("h1>", "h2>"))   # its headings one level down
     try: parts += ["<h2>Headline</h2>", f"<pre>{html.escape(headline(run))}</pre>"]
@@ -167,34 +169,34 @@ def index_body(run: Path, figures: list, tables: list) -> str:
     for f in figures:
         parts.append(f'<figure id="{html.escape(Path(f).stem)}"><img src="figures/{html.escape(Path(f).name)}" alt="{html.escape(Path(f).stem)}">'
                      f"<figcaption><b>{html.escape(Path(f).name)}</b>: {html.escape(figure_caption(f))}</figcaption></figure>")
-    notes = read_json(run / "figures_notes.json").get("not_written", {}) if (run / "figures_notes.json").exists() else {}
+    notes = read_json(run / "figures_notes.json").get("not_written", {}) if mine("figures_notes.json") else {}
     if notes:
         parts += ["<h3>Not produced in this run</h3>", "<ul>"] + [f"<li><code>{html.escape(k)}</code>: {html.escape(v)}</li>" for k, v in notes.items()] + ["</ul>"]
-    skipped = read_json(run / "skipped.json") if (run / "skipped.json").exists() else {}
+    skipped = read_json(run / "skipped.json") if mine("skipped.json") else {}
     sk = [(kind, k, v) for kind in ("methods", "detectors") for k, v in (skipped.get(kind) or {}).items()]
     parts += ["<h2>Skipped components</h2>", "<ul>" + "".join(f"<li>{kind[:-1]} <code>{html.escape(k)}</code>: {html.escape(str(v))}</li>" for kind, k, v in sk) + "</ul>"
               if sk else "<p>None: every requested method and detector ran.</p>"]
     parts.append("<h2>Tables</h2>")
     for t in tables:
         tex = t.with_suffix(".tex")
-        link = f' (<a href="tables/{html.escape(tex.name)}">LaTeX</a>)' if tex.exists() else ""
+        link = f' (<a href="tables/{html.escape(tex.name)}">LaTeX</a>)' if mine(f"tables/{tex.name}") else ""
         parts.append(f'<section id="{html.escape(t.stem)}"><h3>{html.escape(t.name)}{link}</h3><div class="table-wrap">{md_to_html(t.read_text(encoding="utf-8"))}</div></section>')
-    if (run / "config.json").exists():
+    if mine("config.json"):
         parts += ["<h2>Configuration</h2>", f"<details><summary>config.json</summary><pre>{html.escape((run / 'config.json').read_text(encoding='utf-8'))}</pre></details>"]
     return "\n".join(parts)
 
 # %% ../nbs/50_report.ipynb #a0272f78
 def run_notebooks(run) -> list:
-    "The executed notebooks of a run, pipeline notebooks first (in pipeline order), then any others."
+    "The run's executed stage notebooks, in pipeline order (another notebook in its `notebooks/` is not the run's)."
     from stealth_eval.config import PIPELINE
-    nbs = sorted(Path(run, "notebooks").glob("*.ipynb"))
-    return sorted(nbs, key=lambda p: (PIPELINE.index(p.stem) if p.stem in PIPELINE else len(PIPELINE), p.name))
+    return [p for nb in PIPELINE if (p := Path(run, "notebooks", f"{nb}.ipynb")).is_file()]
 
 # %% ../nbs/50_report.ipynb #c5e0b701
 SITE_MODE = 0o644   # the files a site build writes: readable by all (atomic writes alone would leave them private)
 
 def check_finished(run) -> dict:
-    "The `run_info.json` of a run whose every stage is recorded 'ok', else a one-line error naming the first that is not."
+    """The `run_info.json` of a run whose every stage is recorded 'ok' and which lists the files it wrote (`files`), else
+    a one-line error naming the first stage that is not ok."""
     from stealth_eval.config import PIPELINE
     run = Path(run)
     try: info = read_json(run / "run_info.json")
@@ -207,6 +209,10 @@ def check_finished(run) -> dict:
             why = (f"{st['status']}" + (f" ({st['error']})" if st.get("error") else "")) if st.get("status") else "did not run"
             raise StealthEvalError(f"{run}: stage {nb} {why}; a report is built only from a finished run (every stage ok "
                                    f"in run_info.json): finish the run first (the same command resumes it)")
+    files = info.get("files")
+    if not (isinstance(files, list) and all(isinstance(f, str) for f in files)):
+        raise StealthEvalError(f"{run}: run_info.json lists no files the run wrote (an older version's run?); a report shows "
+                               f"only those: run it again (`stealth-eval --out_dir {run}`; the cache makes that quick)")
     return info
 
 # %% ../nbs/50_report.ipynb #ae0eb230
@@ -221,20 +227,22 @@ def build_site(run_dir, site_dir=None) -> Path:
     """Write the report site of a finished run (default RUN/site/); return the site folder. Only the site's own files are
     written (each replaced by name, mode `SITE_MODE`): any other file in the folder is left as it is."""
     run = Path(run_dir)
-    check_finished(run)
-    if not (run / "metrics.json").exists():
-        raise StealthEvalError(f"{run} is not a finished run folder (no metrics.json): run `stealth-eval --out_dir {run}` first")
+    own = set(check_finished(run)["files"])                 # what the run wrote: the site shows nothing else
+    mine = lambda p: p.relative_to(run).as_posix() in own
+    if "metrics.json" not in own or not (run / "metrics.json").exists():
+        raise StealthEvalError(f"{run} is not a finished run folder (no metrics.json of its run): run `stealth-eval --out_dir {run}` first")
     site = _site_folder(Path(site_dir) if site_dir else run / "site")
     first_ds = sorted(read_json(run / "metrics.json"))[:1]
-    figures = sorted((p for p in (run / "figures").glob("*.png") if [p.stem] != [f"fig_heatmap_t1f_{d}" for d in first_ds]), key=lambda p: _fig_rank(p.name))
-    tables = sorted((run / "tables").glob("*.md"))
-    for p in figures + sorted((run / "tables").glob("*.tex")):
+    figures = sorted((p for p in (run / "figures").glob("*.png") if mine(p) and [p.stem] != [f"fig_heatmap_t1f_{d}" for d in first_ds]), key=lambda p: _fig_rank(p.name))
+    tables = sorted(p for p in (run / "tables").glob("*.md") if mine(p))
+    for p in figures + sorted(p for p in (run / "tables").glob("*.tex") if mine(p)):
         atomic_write_bytes(site / p.parent.name / p.name, p.read_bytes(), SITE_MODE)
     nbs = run_notebooks(run)
-    pages = [("index.html", "Run report")] + ([("examples.html", "Examples")] if (run / "qual_examples.md").exists() else [])
+    examples = "qual_examples.md" in own and (run / "qual_examples.md").exists()
+    pages = [("index.html", "Run report")] + ([("examples.html", "Examples")] if examples else [])
     pages += [(f"{p.stem}.html", nav_title(p)) for p in nbs]
-    atomic_write_text(site / "index.html", page(f"stealth-eval report: {run.name}", index_body(run, figures, tables), pages, "index.html"), SITE_MODE)
-    if (run / "qual_examples.md").exists():
+    atomic_write_text(site / "index.html", page(f"stealth-eval report: {run.name}", index_body(run, figures, tables, own), pages, "index.html"), SITE_MODE)
+    if examples:
         atomic_write_text(site / "examples.html", page("Curated examples", md_to_html((run / "qual_examples.md").read_text(encoding="utf-8")), pages, "examples.html"), SITE_MODE)
     for p in nbs:
         atomic_write_text(site / f"{p.stem}.html", with_nav(notebook_html(p), pages, f"{p.stem}.html"), SITE_MODE)

@@ -14,20 +14,22 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from fnmatch import fnmatch
 from functools import lru_cache
 from pathlib import Path
 
 from .config import PIPELINE
-from .core import (StealthEvalError, file_sha256, get_logger, git_commit, package_versions, progress,
-                               project_root, read_json, write_json)
+from .core import (LockHeld, StealthEvalError, few, file_lock, file_sha256, get_logger, git_commit,
+                               package_versions, progress, project_root, read_json, resolve_path, write_json)
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_INTERNAL', 'EXIT_USER', 'EXIT_INTERRUPTED', 'EXIT_TERMINATED', 'OFFLINE_ENV', 'DATASET_SUFFIXES',
-           'PREVIOUS_RUN', 'STAGE_TAG', 'NOTEBOOK_SAVE_S', 'INTERRUPT_GRACE_S', 'build_parser', 'check_offline',
-           'RunInterrupted', 'StageFailed', 'check_dataset_args', 'usable_dir', 'kernel_problem', 'run_files',
-           'set_aside_previous_run', 'stage_notebook', 'InterruptGuard', 'interrupt_guard', 'user_error_names',
-           'stage_engine', 'RunLog', 'run_pipeline', 'readme_from_index', 'report_main', 'cache_report', 'cache_main',
-           'raid_detector', 'main']
+           'PREVIOUS_RUN', 'RUN_LOCK', 'RUN_FOLDERS', 'RUN_TOP_FILES', 'STAGE_TAG', 'NOTEBOOK_SAVE_S',
+           'INTERRUPT_GRACE_S', 'build_parser', 'check_offline', 'check_device', 'RunInterrupted', 'StageFailed',
+           'check_dataset_args', 'usable_dir', 'cli_path', 'kernel_problem', 'run_files', 'is_run_output',
+           'previous_run', 'check_user_files', 'set_aside_previous_run', 'run_lock', 'stage_notebook', 'InterruptGuard',
+           'interrupt_guard', 'user_error_names', 'stage_engine', 'RunLog', 'run_pipeline', 'readme_from_index',
+           'report_main', 'docs_main', 'cache_report', 'cache_main', 'raid_detector', 'main']
 
 # %% ../nbs/90_run.ipynb #8de8dc29
 EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143   # ok, bug, user error, SIGINT, SIGTERM
@@ -38,11 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 "and write paper artifacts (scores, quality, metrics with bootstrap CIs, figures, tables).",
                                 epilog="Other commands: `stealth-eval report [--out_dir RUN] [--site_dir DIR]` builds the HTML report "
                                 "site of a run (nbconvert, no Quarto); `stealth-eval docs [--site_dir DIR]` builds the library documentation "
-                                "offline (a page per notebook; default _docs/); `stealth-eval cache verify|prune [--cache_dir DIR]` checks or cleans the "
+                                "offline (a page per notebook; default _docs/ under the project root); `stealth-eval cache verify|prune [--cache_dir DIR]` checks or cleans the "
                                 "content cache; `stealth-eval readme` rewrites README.md from nbs/index.ipynb. "
                                 "Exit status: 0 done, 1 internal error (a bug: please report it; the traceback is in the run folder's "
                                 "run.log), 2 user error (the message says what to change), 130 interrupted (Ctrl-C) and 143 terminated "
-                                "(SIGTERM): finished work is kept and the same command resumes.")
+                                "(SIGTERM): finished work is kept and the same command resumes. A relative path is taken from the current folder.")
     from stealth_eval import __version__
     p.add_argument("--version", action="version", version=f"stealth-eval {__version__}")
     p.add_argument("--profile", default="embedded", choices=list(PROFILES), help="defaults for models and sizes (default: embedded, offline)")
@@ -50,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", nargs="+", metavar="NAME", help="attack methods (default: the profile's)")
     p.add_argument("--detectors", nargs="+", metavar="NAME", help="detectors (default: the profile's)")
     p.add_argument("--n_candidates", nargs="+", type=int, metavar="N", help="candidate budgets (default: the profile's)")
-    p.add_argument("--out_dir", default="artifacts", help="run folder (default: artifacts/ under the project root)")
+    p.add_argument("--out_dir", default=None, help="run folder (default: artifacts/ under the project root)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default: 0)")
     p.add_argument("--set", nargs="+", default=[], action="extend", metavar="KEY=VALUE", dest="overrides",
                    help="override configuration values, e.g. --set data.n_per_class=50 homoglyph_rates=[0.01]")
@@ -91,6 +93,25 @@ def check_offline(cfg: dict):
 
 DATASET_SUFFIXES = (".jsonl", ".csv", ".parquet")
 
+# %% ../nbs/90_run.ipynb #4b8e2f61
+def check_device(cfg: dict):
+    "Refuse a `device` this machine lacks (CUDA, a CUDA index past its count, MPS) in one line, before any stage."
+    dev = str(cfg.get("device", "auto"))
+    if dev in ("auto", "cpu"): return
+    if cfg["engine"]["name"] == "ray" and cfg["engine"]["address"]: return   # a named cluster's workers: not this machine
+    import torch
+    kind, _, index = dev.partition(":")
+    if kind == "mps":
+        if not torch.backends.mps.is_available(): raise StealthEvalError(f"device={dev}: this machine has no MPS device; use device=cpu or auto")
+        return
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if not n:
+        why = "" if torch.version.cuda else f" (this torch, {torch.__version__}, is built without CUDA)"
+        raise StealthEvalError(f"device={dev}: this machine has no CUDA device{why}; use device=cpu or auto")
+    if index and int(index) >= n:
+        raise StealthEvalError(f"device={dev}: this machine has {n} CUDA device{'s' if n > 1 else ''} "
+                               f"(cuda:0{f' to cuda:{n - 1}' if n > 1 else ''})")
+
 # %% ../nbs/90_run.ipynb #d3fc4568
 class RunInterrupted(Exception):
     "Ctrl-C or SIGTERM during a run: `where` says when (`in stage 10_methods`), `signum` which signal."
@@ -124,6 +145,11 @@ def usable_dir(path, flag: str) -> Path:
     if not os.access(path, os.W_OK | os.X_OK): raise StealthEvalError(f"{flag} {path}: not writable")
     return path
 
+def cli_path(p, default: str | None = None) -> Path:
+    """A path given on the command line, made absolute: a relative one is taken from the current folder, as any command
+    takes it; none given, `default` under the project root."""
+    return resolve_path(p, Path.cwd()) if p else resolve_path(default)
+
 # %% ../nbs/90_run.ipynb #d3110bd8
 def kernel_problem(e: Exception):
     "A one-line explanation when `e` says the Jupyter kernel that runs a stage could not start or died, else None."
@@ -138,16 +164,19 @@ def kernel_problem(e: Exception):
 
 # %% ../nbs/90_run.ipynb #f309903b
 PREVIOUS_RUN = ".previous_run"   # where a rerun moves what the run before it wrote in the same folder
+RUN_LOCK = ".stealth_eval_run"   # the run folder's lock (`.stealth_eval_run.lock`; its holder's record while held)
 
 def run_files(out: Path, found=()) -> list:
     """The files below the run folder `out` (relative paths) except `found` (those there before the run started), the
-    executed notebooks, the previous run set aside, and nested run folders (`artifacts/rehearsal` inside `artifacts`)."""
+    executed notebooks, the previous run set aside, the folder's lock, and nested run folders (`artifacts/rehearsal`
+    inside `artifacts`)."""
     out = Path(out)
     nested = {p.parent for p in out.rglob("run_info.json") if p.parent != out}
     keep = []
     for p in out.rglob("*"):
         rel = p.relative_to(out)
         if rel.parts[0] in ("notebooks", PREVIOUS_RUN) or not p.is_file() or any(n in p.parents for n in nested): continue
+        if RUN_LOCK in p.name: continue
         if rel.as_posix() not in found: keep.append(rel.as_posix())
     return sorted(keep)
 
@@ -157,10 +186,21 @@ def _stage_status(info: dict, out: Path, nb: str, status: str, t0: float, error:
     write_json(out / "run_info.json", info)
 
 # %% ../nbs/90_run.ipynb #badf7997
-def set_aside_previous_run(out: Path) -> list:
-    """Move what the run before wrote in `out` into `out/.previous_run/` (replacing the one set aside before it): its
-    files (see above), executed notebooks, config, log and report `site/`; return the moved paths (relative to `out`)."""
-    import shutil
+RUN_FOLDERS = ("data", "figures", "tables", "models", "raid_predictions", "score_files", "cache_stats", "notebooks", "site")
+RUN_TOP_FILES = ("config.json", "run_info.json", "run.log", "results.json", "skipped.json", "metrics*.json", "metrics.parquet",
+                 "scores.parquet", "quality.parquet", "quality_summary.json", "thresholds.json", "raw_outputs.jsonl",
+                 "generations.jsonl", "figures_notes.json", "qual_examples.md", "acceptance.md", "acceptance.json",
+                 "rehearsal_report.md")   # the names a run writes at the top of its folder (`metrics*`: one per family)
+
+def is_run_output(rel: str) -> bool:
+    "Whether a run may write `rel` (a path relative to its folder): anything in `RUN_FOLDERS`, or a name of `RUN_TOP_FILES`."
+    first, _, rest = rel.partition("/")
+    return first in RUN_FOLDERS or (not rest and any(fnmatch(first, pat) for pat in RUN_TOP_FILES))
+
+def previous_run(out: Path) -> list:
+    """What the run before wrote in `out` (relative paths, folders included): the listed `files` of a finished run, every
+    file it did not find of a run stopped inside a stage, and its config, record, log, report `site/` and executed
+    notebooks; [] when `out` holds no run. One line refuses a record that cannot say."""
     out = Path(out)
     rec = out / "run_info.json"
     if not rec.exists(): return []
@@ -175,12 +215,31 @@ def set_aside_previous_run(out: Path) -> list:
     if listed is None:
         raise StealthEvalError(f"--out_dir {out}: holds an earlier run whose run_info.json lists no files it wrote "
                                f"(an older version's unfinished run?); move that folder away or choose another --out_dir")
-    names = set(listed) | {"config.json", "run_info.json", "run.log", "site"} | {f"notebooks/{nb}.ipynb" for nb in PIPELINE}
+    return sorted(set(listed) | {"config.json", "run_info.json", "run.log", "site"} | {f"notebooks/{nb}.ipynb" for nb in PIPELINE})
+
+def check_user_files(out: Path):
+    "Refuse, in one line naming them, files in `out` where a run writes (`is_run_output`) that the run before did not write."
+    out, prev = Path(out), previous_run(out)
+    mine = lambda rel: any(rel == p or rel.startswith(p + "/") for p in prev)
+    theirs = [f for f in run_files(out) if is_run_output(f) and not mine(f)]
+    theirs += [f"notebooks/{nb}.ipynb" for nb in PIPELINE if (out / "notebooks" / f"{nb}.ipynb").exists() and not mine(f"notebooks/{nb}.ipynb")]
+    if theirs:
+        one = len(theirs) == 1
+        raise StealthEvalError(f"--out_dir {out}: {few(theirs)} {'is' if one else 'are'} named like {'a file' if one else 'files'} "
+                               f"a run writes, but no earlier run there wrote {'it' if one else 'them'}; a run never overwrites "
+                               f"a file it did not write: move {'it' if one else 'them'} away or choose another --out_dir")
+
+def set_aside_previous_run(out: Path) -> list:
+    """Move what the run before wrote in `out` (`previous_run`) into `out/.previous_run/` (replacing the one set aside
+    before it); return the moved paths (relative to `out`)."""
+    import shutil
+    out = Path(out)
+    names = previous_run(out)
     root, moved = out.resolve(), []
     aside = out / PREVIOUS_RUN
-    if aside.is_symlink() or aside.is_file(): raise StealthEvalError(f"--out_dir {out}: {aside} is not a folder")
-    if aside.exists(): shutil.rmtree(aside)
-    for rel in sorted(names):
+    if names and (aside.is_symlink() or aside.is_file()): raise StealthEvalError(f"--out_dir {out}: {aside} is not a folder")
+    if names and aside.exists(): shutil.rmtree(aside)
+    for rel in names:
         src = out / rel
         if (Path(rel).is_absolute() or ".." in Path(rel).parts or not (src.is_file() or src.is_dir())
                 or src.is_symlink() or root not in src.resolve().parents):   # only what lies inside the folder
@@ -191,6 +250,18 @@ def set_aside_previous_run(out: Path) -> list:
     for d in sorted({(out / m).parent for m in moved}, key=lambda p: -len(p.parts)):   # folders the move emptied
         while d != out and d.is_dir() and not any(d.iterdir()): d.rmdir(); d = d.parent
     return moved
+
+# %% ../nbs/90_run.ipynb #2d9be7a4
+@contextmanager
+def run_lock(out: Path):
+    "Hold the run folder `out` for the block; refuse at once, in one line naming its pid, when another run holds it."
+    lock = file_lock(Path(out) / RUN_LOCK, "running stealth-eval", wait=False)
+    try: lock.__enter__()
+    except LockHeld as e:
+        raise StealthEvalError(f"--out_dir {out}: another run is writing into this folder ({e.who}); wait for it to end "
+                               f"or choose another --out_dir") from None
+    try: yield lock
+    finally: lock.__exit__(None, None, None)
 
 # %% ../nbs/90_run.ipynb #ddd50db1
 STAGE_TAG = "stage"   # tags a cell a run needs besides definitions, parameters and run cells (the parameters' derived values)
@@ -428,7 +499,8 @@ def _run_stages(nbs: Path, out: Path, params: dict, info: dict, mon=None, guard:
 def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detectors=None, n_candidates=None,
                  out_dir: str = "artifacts", seed: int = 0, overrides=None, no_cache: bool = False, nbs_dir=None,
                  offline: bool = False, trust_remote_code: bool = False, cache_dir=None, plugins=None,
-                 engine: str | None = None) -> Path:
+                 engine: str | None = None,
+                 finished=None) -> Path:  # called with the run folder at the end, while the run still holds it
     "Run the five stages; return the run folder. SIGINT and SIGTERM stop it between any two steps (`RunInterrupted`)."
     from stealth_eval.config import parse_set, resolve_config, resolve_device_settings
     from stealth_eval.schema import Settings
@@ -443,6 +515,7 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
         check_dataset_args(datasets)
         cfg = resolve_config(profile, datasets, methods, detectors, n_candidates, seed, out_dir, ov, no_cache, plugins)
         cfg = Settings.from_dict(resolve_device_settings(cfg.to_dict()))   # device=auto probed (torch) once, into config.json
+        check_device(cfg)                      # a device this machine lacks: refused now, not in stage 20
         if offline:
             os.environ.update(OFFLINE_ENV)   # inherited by every stage's kernel: hub clients refuse network access
             check_offline(cfg)
@@ -457,53 +530,57 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
         out = usable_dir(cfg["out_dir"], "--out_dir")
         if cfg.get("cache_dir") and not no_cache: usable_dir(cfg["cache_dir"], "--cache_dir")
         guard.check()                          # a signal during the checks: nothing written yet
-        moved = set_aside_previous_run(out)    # a run folder holds one run: the last one's files go to .previous_run/
-        found = run_files(out)                 # the files this run did not write (the user's)
-        (out / "notebooks").mkdir(parents=True, exist_ok=True)
-        from stealth_eval.score_files import keep_score_files   # 24_score_files: the bytes read once above, kept in the run
-        cfg = keep_score_files(cfg, out)
-        write_json(out / "config.json", cfg)
-        params = {"config_path": str(out / "config.json")}   # resolved once: every stage loads this file
-        info = {"command": sys.argv, "parameters": {"profile": profile, "overrides": ov, "plugins": cfg["plugins"], **params}, "offline": bool(offline), "versions": package_versions(), "git": git_commit(), "found": found, "files": [],
-                "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "stages": {}}
-        run_log = RunLog(out / "run.log")
-        log.addHandler(run_log.handler)
-        try:
-            mon = None
-            if cfg.get("rehearsal"):   # random-weight stand-ins (06_rehearsal): said in large letters, memory polled per stage
-                from stealth_eval.rehearsal import StageMonitor, banner
-                info["rehearsal"], mon = True, StageMonitor()
-                log.warning("\n" + banner())
-            write_json(out / "run_info.json", info)
-            if moved: log.info(f"moved the previous run's {len(moved)} files of {out} to {out / PREVIOUS_RUN}")
-            log.info(f"run folder {out} (profile {profile}, datasets {[d['name'] for d in cfg['datasets']]}, "
-                     f"methods {cfg['methods']}, detectors {cfg['detectors']}, engine {cfg['engine']['name']})")
-            ray_started = False
-            if cfg["engine"]["name"] == "ray":    # one local Ray instance for the whole run, unless a cluster is named
-                from stealth_eval.engine import start_local_cluster, stop_local_cluster
-                ray_started = start_local_cluster(cfg["engine"])
-            try: _run_stages(nbs, out, params, info, mon, guard, run_log)
-            finally:
-                if ray_started: stop_local_cluster()
-            info["data_sha256"] = {p.name: file_sha256(p) for p in sorted((out / "data").glob("*.jsonl"))}
-            info["files"] = run_files(out, info["found"])
-            info["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-            if mon:   # tokens/s and peak memory per model, rehearsal_report.md
-                from stealth_eval.config import PROFILES
-                from stealth_eval.rehearsal import finish_rehearsal
+        with run_lock(out):                    # one run at a time in a folder: another one is refused, naming its pid
+            check_user_files(out)              # a user's file where the run writes: refused, never overwritten
+            moved = set_aside_previous_run(out)    # a run folder holds one run: the last one's files go to .previous_run/
+            found = run_files(out)                 # the files this run did not write (the user's)
+            params = {"config_path": str(out / "config.json")}   # resolved once: every stage loads this file
+            info = {"command": sys.argv, "parameters": {"profile": profile, "overrides": ov, "plugins": cfg["plugins"], **params}, "offline": bool(offline), "versions": package_versions(), "git": git_commit(), "found": found, "files": [],
+                    "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "stages": {},
+                    **({"rehearsal": True} if cfg.get("rehearsal") else {})}
+            write_json(out / "run_info.json", info)   # first: whatever the run writes next, a rerun knows it was this run's
+            (out / "notebooks").mkdir(parents=True, exist_ok=True)
+            from stealth_eval.score_files import keep_score_files   # 24_score_files: the bytes read once above, kept in the run
+            cfg = keep_score_files(cfg, out)
+            write_json(out / "config.json", cfg)
+            run_log = RunLog(out / "run.log")
+            log.addHandler(run_log.handler)
+            try:
+                mon = None
+                if cfg.get("rehearsal"):   # random-weight stand-ins (06_rehearsal): said in large letters, memory polled per stage
+                    from stealth_eval.rehearsal import StageMonitor, banner
+                    mon = StageMonitor()
+                    log.warning("\n" + banner())
+                if moved: log.info(f"moved the previous run's {len(moved)} files of {out} to {out / PREVIOUS_RUN}")
+                log.info(f"run folder {out} (profile {profile}, datasets {[d['name'] for d in cfg['datasets']]}, "
+                         f"methods {cfg['methods']}, detectors {cfg['detectors']}, engine {cfg['engine']['name']})")
+                ray_started = False
+                if cfg["engine"]["name"] == "ray":    # one local Ray instance for the whole run, unless a cluster is named
+                    from stealth_eval.engine import start_local_cluster, stop_local_cluster
+                    ray_started = start_local_cluster(cfg["engine"])
+                try: _run_stages(nbs, out, params, info, mon, guard, run_log)
+                finally:
+                    if ray_started: stop_local_cluster()
+                info["data_sha256"] = {p.name: file_sha256(p) for p in sorted((out / "data").glob("*.jsonl"))}
+                info["files"] = run_files(out, info["found"])
+                info["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+                if mon:   # tokens/s and peak memory per model, rehearsal_report.md
+                    from stealth_eval.config import PROFILES
+                    from stealth_eval.rehearsal import finish_rehearsal
+                    write_json(out / "run_info.json", info)
+                    finish_rehearsal(out, cfg, info, paper=PROFILES["paper"].to_dict())   # the cost model's workload
                 write_json(out / "run_info.json", info)
-                finish_rehearsal(out, cfg, info, paper=PROFILES["paper"].to_dict())   # the cost model's workload
-            write_json(out / "run_info.json", info)
-            guard.check(where="after the last stage")
-        except (StealthEvalError, StageFailed, RunInterrupted): raise
-        except Exception as e:                 # a bug of the runner itself: its traceback goes to the run log too
-            import traceback
-            run_log.traceback(f"internal error: {type(e).__name__}", traceback.format_exception(e))
-            e.run_log = run_log.path
-            raise
-        finally:
-            log.removeHandler(run_log.handler)
-            run_log.close()
+                if finished: finished(out)
+                guard.check(where="after the last stage")
+            except (StealthEvalError, StageFailed, RunInterrupted): raise
+            except Exception as e:                 # a bug of the runner itself: its traceback goes to the run log too
+                import traceback
+                run_log.traceback(f"internal error: {type(e).__name__}", traceback.format_exception(e))
+                e.run_log = run_log.path
+                raise
+            finally:
+                log.removeHandler(run_log.handler)
+                run_log.close()
     return out
 
 # %% ../nbs/90_run.ipynb #057af643
@@ -515,15 +592,14 @@ def readme_from_index(index=None) -> str:
 # %% ../nbs/90_run.ipynb #3125938d
 def report_main(argv) -> int:
     "`stealth-eval report`: build the report site of a run; exit status 2 on a user error."
-    from stealth_eval.core import resolve_path
     from stealth_eval.report import build_site, missing_resources
     p = argparse.ArgumentParser(prog="stealth-eval report", description="Build the HTML report site of a run "
                                 "(executed notebooks, figures, tables) with nbconvert; no Quarto needed.")
-    p.add_argument("--out_dir", default="artifacts", help="run folder (default: artifacts/ under the project root)")
+    p.add_argument("--out_dir", default=None, help="run folder (default: artifacts/ under the project root)")
     p.add_argument("--site_dir", default=None, help="where to write the site (default: OUT_DIR/site)")
     args = p.parse_args(argv)
     try:
-        site = build_site(resolve_path(args.out_dir), resolve_path(args.site_dir) if args.site_dir else None)
+        site = build_site(cli_path(args.out_dir, "artifacts"), cli_path(args.site_dir) if args.site_dir else None)
     except StealthEvalError as e:
         print(f"stealth-eval report: error: {e}", file=sys.stderr)
         return 2
@@ -531,6 +607,24 @@ def report_main(argv) -> int:
     if miss: print(f"stealth-eval report: warning: missing local files: {miss}", file=sys.stderr)
     print(f"wrote {site / 'index.html'} ({len(list(site.glob('*.html')))} pages)")
     return 0
+
+# %% ../nbs/90_run.ipynb #e4d2b9a0
+def docs_main(argv) -> int:
+    "`stealth-eval docs`: the library's documentation offline, one page per notebook; exit status 2 on a user error."
+    from stealth_eval.report import build_docs
+    p = argparse.ArgumentParser(prog="stealth-eval docs", description="Build the library's documentation offline (no "
+                                "Quarto): one HTML page per notebook of nbs/, with the report site's navigation.")
+    p.add_argument("--site_dir", default=None, help="where to write the pages (default: _docs/ under the project root)")
+    p.add_argument("--nbs_dir", default=None, help="the notebooks (default: nbs/ of the project)")
+    args = p.parse_args(argv)                  # --help: prints the options and exits 0; a flag without its value: exit 2
+    try:
+        site = build_docs(usable_dir(cli_path(args.site_dir, "_docs"), "--site_dir"),
+                          cli_path(args.nbs_dir) if args.nbs_dir else None)
+    except StealthEvalError as e:
+        print(f"stealth-eval docs: error: {e}", file=sys.stderr)
+        return EXIT_USER
+    print(f"wrote {site / 'index.html'} ({len(list(site.glob('*.html')))} pages)")
+    return EXIT_OK
 
 # %% ../nbs/90_run.ipynb #5e8c1d27
 def cache_report(rep: dict) -> str:
@@ -549,7 +643,7 @@ def cache_report(rep: dict) -> str:
 # %% ../nbs/90_run.ipynb #3ef51282
 def cache_main(argv) -> int:
     "`stealth-eval cache verify|prune`: check a content store (exit 1 if entries fail) or delete what fails."
-    from stealth_eval.core import prune_store, resolve_path, user_cache_dir, verify_store
+    from stealth_eval.core import prune_store, user_cache_dir, verify_store
     p = argparse.ArgumentParser(prog="stealth-eval cache", description="Check (verify) or clean (prune) a content cache "
                                 "store: every entry's key, format and value digest.")
     p.add_argument("action", choices=["verify", "prune"], help="verify: report, exit 1 if any entry fails; "
@@ -559,7 +653,7 @@ def cache_main(argv) -> int:
     p.add_argument("--min_temp_age", type=float, default=3600, help="seconds before a temporary file counts as abandoned (default 3600)")
     p.add_argument("--dry_run", action="store_true", help="prune: list what would be removed, remove nothing")
     args = p.parse_args(argv)
-    store = resolve_path(args.cache_dir) if args.cache_dir else user_cache_dir() / "store"
+    store = cli_path(args.cache_dir) if args.cache_dir else user_cache_dir() / "store"
     try:
         rep = verify_store(store) if args.action == "verify" else prune_store(store, args.min_temp_age, dry_run=args.dry_run)
     except StealthEvalError as e:
@@ -604,11 +698,11 @@ def raid_detector(name: str, profile: str = "embedded", overrides: dict | None =
 def _resume_line(where: str, argv: list, args, signum: int = signal.SIGINT) -> str:
     "The one line printed on Ctrl-C or SIGTERM: what was interrupted, where the finished work is, the command that resumes."
     import shlex
-    from stealth_eval.core import resolve_path, user_cache_dir
+    from stealth_eval.core import user_cache_dir
     what = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
     if args is not None and args.no_cache: kept = "nothing was cached (--no_cache)"
     else:
-        store = resolve_path(args.cache_dir) if args is not None and args.cache_dir else user_cache_dir() / "store"
+        store = cli_path(args.cache_dir) if args is not None and args.cache_dir else user_cache_dir() / "store"
         kept = f"finished work is kept in the cache ({store})"
     return f"stealth-eval: {what} {where}; {kept}; resume with: stealth-eval {shlex.join(argv)}".rstrip()
 
@@ -631,11 +725,7 @@ def main(argv=None) -> int:
         print(f"wrote {project_root() / 'README.md'}")
         return EXIT_OK
     if argv[:1] == ["report"]: return report_main(argv[1:])
-    if argv[:1] == ["docs"]:   # the library's documentation offline: one page per notebook (nbdev_docs with Quarto)
-        from stealth_eval.report import build_docs
-        site = build_docs(argv[2] if argv[1:2] == ["--site_dir"] and len(argv) > 2 else project_root() / "_docs")
-        print(f"wrote {site / 'index.html'} ({len(list(site.glob('*.html')))} pages)")
-        return EXIT_OK
+    if argv[:1] == ["docs"]: return docs_main(argv[1:])   # the library's documentation offline (nbdev_docs with Quarto)
     if argv[:1] == ["cache"]: return cache_main(argv[1:])
     if argv[:1] == ["preflight"]:   # a bounded check of the paper run on this device (09_preflight)
         from stealth_eval.preflight import preflight_main
@@ -672,13 +762,15 @@ def main(argv=None) -> int:
             for key, kind, value, doc in rows: print(f"  {key:<{w}}  {value}  ({kind}) {doc}")
             return EXIT_OK
         with interrupt_guard() as guard:       # from here on a signal is recorded, never raised, and the run acts on it
-            try:
-                out = run_pipeline(args.profile, args.datasets, args.methods, args.detectors, args.n_candidates, args.out_dir,
-                                   args.seed, args.overrides, args.no_cache, args.nbs_dir, args.offline, args.trust_remote_code,
-                                   args.cache_dir, args.plugins, args.engine)
-            except SystemExit as e: raise StealthEvalError(_exit_culprit(e, args.plugins)) from None
             from stealth_eval.report import headline
-            text = headline(out)
+            text = []                          # read while the run still holds its folder: a next run may move it aside
+            try:
+                run_pipeline(args.profile, args.datasets, args.methods, args.detectors, args.n_candidates,
+                             cli_path(args.out_dir, "artifacts"), args.seed, args.overrides, args.no_cache,
+                             args.nbs_dir and cli_path(args.nbs_dir), args.offline, args.trust_remote_code,
+                             args.cache_dir and cli_path(args.cache_dir), args.plugins, args.engine,
+                             finished=lambda out: text.append(headline(out)))
+            except SystemExit as e: raise StealthEvalError(_exit_culprit(e, args.plugins)) from None
             guard.check(where="after the last stage")
     except StealthEvalError as e:
         print(f"stealth-eval: error: {e}", file=sys.stderr)
@@ -696,7 +788,7 @@ def main(argv=None) -> int:
         print(f"stealth-eval: internal error (a bug: please report it): {type(e).__name__}: "
               f"{(str(e).strip().splitlines() or [''])[0]}" + (f"; the traceback is in {where}" if where else ""), file=sys.stderr)
         return EXIT_INTERNAL
-    print(text)
+    print(text[0])
     return EXIT_OK
 
 # %% ../nbs/90_run.ipynb #6bb3518f

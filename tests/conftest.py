@@ -90,6 +90,14 @@ def run_cli(*args, check=True, timeout=1800):
     return p
 
 
+def one_error_line(p, prog: str = "") -> str:
+    "The one line of a command refused for a user error (exit 2, `stealth-eval[ PROG]: error: ...`): returned for its words."
+    lines = [x for x in p.stderr.splitlines() if x.strip()]
+    head = f"stealth-eval {prog}: error: " if prog else "stealth-eval: error: "
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith(head), (p.returncode, p.stderr[-3000:])
+    return lines[0]
+
+
 def nbs_digest():
     import hashlib
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((ROOT / "nbs").glob("*.ipynb"))}

@@ -119,6 +119,8 @@ def test_run_info_provenance(tiny_run):
     assert set(info["data_sha256"]) == {"lee_news.jsonl"}
     assert all(v["status"] == "ok" for v in info["stages"].values()) and len(info["stages"]) == 5
     assert "scores.parquet" in info["files"]
+    from stealth_eval.run import is_run_output      # a user's file there is refused before a run (the namespace covers a run)
+    assert [f for f in info["files"] if not is_run_output(f)] == [], info["files"]
     assert "lee_news: mean over detectors" in tiny_run["stdout"]
 
 

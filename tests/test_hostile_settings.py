@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, one_error_line, run_cli
 from stealth_eval.config import PROFILES, load_config, parse_set, resolve_config
 from stealth_eval.core import StealthEvalError, write_json
 from stealth_eval.schema import MAX_BOOTSTRAP, Settings
@@ -181,3 +181,23 @@ def test_the_default_configuration_needs_no_hub(no_network):
         assert why == {} and set(guides) - {"ensemble"} <= set(dets), why
         for g in dets.values(): assert g.unavailable(cfg) == ""
     assert no_network == []                                         # nothing tried to connect
+
+
+# ---- issue #37: what would crash a run late is refused before its first stage ---------------------------------------
+
+def test_a_device_this_machine_lacks_is_refused_before_any_stage(tmp_path):
+    "`--set device=cuda:N` past this machine's devices (none on a CPU machine) failed in 20_detectors with exit 1."
+    import torch
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0     # the first index this machine does not have
+    line = one_error_line(run_cli("--profile", "tiny", "--set", f"device=cuda:{n}", "--out_dir", tmp_path / "run", check=False))
+    assert line.startswith(f"stealth-eval: error: device=cuda:{n}: this machine has "), line
+    assert not (tmp_path / "run").exists()                                  # refused before the run folder is made
+
+
+@pytest.mark.parametrize("flag, names, says", [("--methods", ["m5", "m5"], "method 'm5' is given twice"),
+                                               ("--detectors", ["lrr", "log_rank", "lrr"], "detector 'lrr' is given twice")])
+def test_a_component_named_twice_is_refused_before_any_stage(tmp_path, flag, names, says):
+    "`--methods m5 m5` crashed in 40_figures; a name given twice is refused (likely a slip for another name), not merged."
+    line = one_error_line(run_cli("--profile", "tiny", flag, *names, "--out_dir", tmp_path / "run", check=False))
+    assert says in line, line
+    assert not (tmp_path / "run").exists()

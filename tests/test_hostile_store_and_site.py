@@ -3,17 +3,20 @@
 `stealth-eval cache prune` on a folder that is not a content store removes nothing and says so in one line; inside a
 store it removes only entries that fail and stale temporary files, never a foreign file or what a link points at; a
 store written before the marker existed is still recognised and pruned. `stealth-eval report` writes only its own
-files (modes of the others unchanged, links not written through) and only from a run whose every stage finished.
-Every case is built by hand in a temporary folder: no pipeline run.
+files (modes of the others unchanged, links not written through), only from a run whose every stage finished, and
+shows only the files that run wrote (issue #37.2). `stealth-eval docs` writes into its `--site_dir`, and `--help`
+writes nothing (#37.4). Every case is built by hand in a temporary folder: no pipeline run.
 """
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from conftest import run_cli
+from conftest import ROOT, cli_env, one_error_line, run_cli
 
 from stealth_eval.config import PIPELINE
 from stealth_eval.core import STORE_MARKER, Cache, verify_store, write_json
@@ -31,12 +34,6 @@ def _files(root: Path) -> dict:
     return out
 
 
-def _one_error_line(p, prog: str) -> str:
-    lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"stealth-eval {prog}: error: "), (p.returncode, p.stderr)
-    return lines[0]
-
-
 # ---------------------------------------------------------------- cache prune
 
 def test_prune_refuses_a_folder_that_is_not_a_store(tmp_path):
@@ -49,12 +46,12 @@ def test_prune_refuses_a_folder_that_is_not_a_store(tmp_path):
     store.put(store.key("lm_panel", text="t"), {"fdg": 1.25})
     before = _files(user)
     for action in ("prune", "verify"):
-        line = _one_error_line(run_cli("cache", action, "--cache_dir", user, check=False), "cache")
+        line = one_error_line(run_cli("cache", action, "--cache_dir", user, check=False), "cache")
         assert f"{user} is not a stealth-eval content store (no marker {STORE_MARKER}" in line, line
         assert line.endswith(f"did you mean {user / 'store'}?"), line
     assert _files(user) == before                                        # every file kept, store included
     home = tmp_path / "home"; home.mkdir(); (home / "thesis.tex").write_text("\\section{}")
-    line = _one_error_line(run_cli("cache", "prune", "--cache_dir", home, check=False), "cache")
+    line = one_error_line(run_cli("cache", "prune", "--cache_dir", home, check=False), "cache")
     assert "thesis.tex is not a store entry" in line and "did you mean" not in line
     assert (home / "thesis.tex").read_text() == "\\section{}"
 
@@ -107,7 +104,9 @@ def _run_folder(root: Path, stages: dict | None = None) -> Path:
     run = root / "run"
     (run / "figures").mkdir(parents=True); (run / "tables").mkdir()
     ok = {nb: {"status": "ok", "seconds": 1.0} for nb in PIPELINE}
-    write_json(run / "run_info.json", {"started": "2026-01-01T00:00:00+00:00", "git": "test", "stages": ok if stages is None else stages})
+    write_json(run / "run_info.json", {"started": "2026-01-01T00:00:00+00:00", "git": "test", "stages": ok if stages is None else stages,
+                                       "files": ["config.json", "figures/fig_heatmap_t1f.png", "metrics.json", "run_info.json",
+                                                 "tables/table_main.md"]})
     write_json(run / "config.json", {"profile": "tiny", "datasets": [], "methods": [], "detectors": []})
     write_json(run / "metrics.json", {})
     (run / "figures" / "fig_heatmap_t1f.png").write_bytes(b"\x89PNG figure of this run")
@@ -140,7 +139,7 @@ def test_report_refuses_a_linked_figures_folder(tmp_path):
     site.mkdir(); elsewhere.mkdir(); (elsewhere / "holiday.png").write_bytes(b"mine")
     (site / "figures").symlink_to(elsewhere, target_is_directory=True)
     before = _files(elsewhere)
-    line = _one_error_line(run_cli("report", "--out_dir", run, "--site_dir", site, check=False), "report")
+    line = one_error_line(run_cli("report", "--out_dir", run, "--site_dir", site, check=False), "report")
     assert "is a symbolic link" in line, line
     assert _files(elsewhere) == before and not (site / "index.html").exists()
 
@@ -164,13 +163,46 @@ def test_docs_write_only_their_own_pages(tmp_path):
 def test_report_of_an_incomplete_run_is_refused_naming_the_stage(tmp_path, stages, said):
     "A run folder whose run_info.json records a stage failed, interrupted or never run (metrics.json of an earlier run there)."
     run = _run_folder(tmp_path, stages)
-    line = _one_error_line(run_cli("report", "--out_dir", run, check=False), "report")
+    line = one_error_line(run_cli("report", "--out_dir", run, check=False), "report")
     assert said in line and str(run) in line, line
     assert not (run / "site").exists()
+
+
+def test_report_shows_only_what_the_run_wrote(tmp_path):
+    "A table, a figure and an acceptance page that run_info.json does not list (a user's, an earlier run's): not shown."
+    run = _run_folder(tmp_path)
+    (run / "tables" / "table_main_old_dataset.md").write_text("| old | table |\n|---|---|\n| 9 | 9 |\n")
+    (run / "figures" / "fig_roc_old_dataset.png").write_bytes(b"\x89PNG an earlier dataset's")
+    (run / "acceptance.md").write_text("# Acceptance of someone else's run\n")
+    assert "wrote" in run_cli("report", "--out_dir", run).stdout
+    index = (run / "site" / "index.html").read_text()
+    assert "table_main.md" in index and 'src="figures/fig_heatmap_t1f.png"' in index              # the run's own
+    assert "old_dataset" not in index and "someone else" not in index, index
+    assert sorted(p.name for p in (run / "site" / "figures").iterdir()) == ["fig_heatmap_t1f.png"]
+
+
+def test_docs_writes_into_its_site_dir_and_help_writes_nothing(tmp_path):
+    """`docs --site_dir DIR` wrote into the project's _docs/ (and so did `docs --help` and `docs --site_dir` with no
+    value). Now DIR, relative to the current folder, is where the pages go; --help prints; no value is an error."""
+    nbs, docs = tmp_path / "nbs", ROOT / "_docs"
+    nbs.mkdir()
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Index")]), str(nbs / "index.ipynb"))
+    stamps = lambda: {p: p.stat().st_mtime_ns for p in docs.rglob("*")} if docs.exists() else None
+    before = stamps()
+    docs_cli = lambda *a: subprocess.run([sys.executable, "-m", "stealth_eval.run", "docs", *a], cwd=tmp_path, env=cli_env(),
+                                         capture_output=True, text=True, timeout=300)
+    h = docs_cli("--help")
+    assert h.returncode == 0 and h.stdout.startswith("usage: stealth-eval docs") and "--site_dir" in h.stdout, h.stderr
+    e = docs_cli("--site_dir")
+    assert e.returncode == 2 and "argument --site_dir: expected one argument" in e.stderr, e.stderr
+    p = docs_cli("--site_dir", "pages", "--nbs_dir", "nbs")
+    assert p.returncode == 0 and f"wrote {tmp_path / 'pages' / 'index.html'} (1 pages)" in p.stdout, p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["nbs", "pages"]
+    assert stamps() == before                                      # the project's _docs/ untouched throughout
 
 
 def test_report_of_a_folder_without_run_info_is_refused(tmp_path):
     run = _run_folder(tmp_path)
     (run / "run_info.json").unlink()
-    line = _one_error_line(run_cli("report", "--out_dir", run, check=False), "report")
+    line = one_error_line(run_cli("report", "--out_dir", run, check=False), "report")
     assert "no run_info.json" in line, line
