@@ -536,11 +536,11 @@ def compute_tau(scores, cfg: dict, groups: dict | None = None) -> dict:
         if not c["calibrated"] or not c["groups"]: continue
         grp = lambda ids: [groups.get((ds, i), i) for i in ids]
         cond_ids = {cond: u for u, cs in c["groups"].items() for cond in cs}
-        one = {}                                      # (detector, condition, on the common texts?) -> _tau_one
+        one = {}                                      # (detector, condition) -> _tau_one on its own texts
         for det in c["calibrated"]:
             h, hid, ih = human_scores(c, det)
             for cond, (a, ia) in condition_scores(c, det).items():
-                x = one[det, cond, False] = _tau_one(h, a, ih, ia, grp(hid), grp(cond_ids[cond]), K, (seed, ds, defense, "tau-cv"))
+                x = one[det, cond] = _tau_one(h, a, ih, ia, grp(hid), grp(cond_ids[cond]), K, (seed, ds, defense, "tau-cv"))
                 res.setdefault(ds, {}).setdefault(det, {})[cond] = {
                     "defense": defense, "n_human": int(len(h)), "n_ai": int((~np.isnan(a)).sum()),
                     "detector_family": fam.get(det, ""), "supervised": _is_supervised(det, fam.get(det, "")),
@@ -557,7 +557,7 @@ def compute_tau(scores, cfg: dict, groups: dict | None = None) -> dict:
                 a, ia = condition_scores(v, det)[cond]
                 own = res[ds][det][cond]
                 same = len(h) == own["n_human"] and (~np.isnan(a)).sum() == own["n_ai"]   # the common texts are its own
-                per[det] = one[det, cond, False] if same else _tau_one(h, a, ih, ia, grp(hid), grp(cond_ids[cond]), K, (seed, ds, defense, "tau-cv"))
+                per[det] = one[det, cond] if same else _tau_one(h, a, ih, ia, grp(hid), grp(cond_ids[cond]), K, (seed, ds, defense, "tau-cv"))
             P = np.array([per[x]["tau"][0] for x in dets])
             best = dets[int(np.nanargmax(P))] if len(P) and not np.isnan(P).all() else None   # None: no common text
             cv = {x: per[x]["cv"] for x in dets if not np.isnan(per[x]["cv"])}
