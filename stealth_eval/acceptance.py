@@ -13,7 +13,7 @@ import numpy as np
 
 from .components import METHODS, dataset_analyses
 from .core import atomic_write_text, read_json, write_json
-from .metrics import TABLE_COLS, calibration_sets, condition_scores, threshold_at_fpr, tpr_rows
+from .metrics import TABLE_COLS, calibration_sets, common_view, condition_scores, human_scores, threshold_at_fpr, tpr_rows
 from .schema import Settings
 
 # %% auto #0
@@ -69,19 +69,24 @@ def _interval(point, draws, level: float) -> dict:
     return {"value": float(point), "ci_low": float(lo), "ci_high": float(hi)}
 
 def mean_tpr(c: dict, cond: str, dets: list, alpha: float) -> tuple:
-    "Mean TPR at FPR `alpha` over `dets` of AI condition `cond` in calibration set `c` (`metrics.calibration_sets`), and its (B,) draws."
+    """Mean TPR at FPR `alpha` over `dets` (those with a calibration) of AI condition `cond` in calibration set `c`
+    (`metrics.calibration_sets`, or a `metrics.common_view` of it), and its (B,) draws."""
     pts, draws, cache = [], [], c.setdefault("_condition_scores", {})   # condition_scores per detector, built once per set
-    for d in dets:
-        h = c["hum_ok"][d].to_numpy(np.float64)
-        t, tb = threshold_at_fpr(h, alpha), threshold_at_fpr(h[c["idx_h"]], alpha)   # refitted on each human resample
+    for d in (d for d in dets if d in c["human"]):
+        h, _, ih = human_scores(c, d)
+        t, tb = threshold_at_fpr(h, alpha), threshold_at_fpr(h[ih], alpha)   # refitted on each human resample
         if d not in cache: cache[d] = condition_scores(c, d)
         a, ia = cache[d][cond]
         pts.append(tpr_rows(a, [t])[0]); draws.append(tpr_rows(a[ia], tb))
+    if not pts: return float("nan"), np.full(c["B"], np.nan)
     return float(np.mean(pts)), np.mean(draws, axis=0)
 
 # %% ../nbs/35_acceptance.ipynb #b6c5dcf0
 def tpr_contrast(c: dict, a: tuple, b: tuple, alpha: float, level: float) -> dict:
-    "Mean TPR of `a` = (condition, detectors) minus that of `b` on the same resamples of calibration set `c`: each with its CI, and the difference's."
+    """Mean TPR of `a` = (condition, detectors) minus that of `b` on the same resamples of calibration set `c`: each with
+    its CI, and the difference's. Two groups of detectors are compared on the texts valid for every one of them
+    (`metrics.common_view`); one group on two conditions, each detector on its own calibration texts."""
+    if set(a[1]) != set(b[1]): c = common_view(c, list(dict.fromkeys([*a[1], *b[1]])))
     pa, da = mean_tpr(c, *a, alpha)
     pb, db = mean_tpr(c, *b, alpha)
     return {"a": _interval(pa, da, level), "b": _interval(pb, db, level), "difference": _interval(pa - pb, da - db, level)}
@@ -98,24 +103,28 @@ def transfer_rows(scores, cfg: dict) -> list:
     acc = cfg["acceptance"]
     alpha, level, out = acc["fpr_target"], cfg["ci_level"], []
     for c in calibration_sets(scores, cfg):
-        if c["defense"] != "none" or c["idx_h"] is None: continue
+        if c["defense"] != "none" or not c["calibrated"]: continue
         ai = c["ai"][c["ai"]["candidate_rank"] == 0] if "candidate_rank" in c["ai"] else c["ai"]
-        conds = [x for cs in c["groups"].values() for x in cs]
+        conds, views = [x for cs in c["groups"].values() for x in cs], {}
         for cond in sorted(conds):
             rows = ai[ai["condition"] == cond]
             method, setting = rows["method"].iloc[0], rows["setting"].iloc[0]
             if method == "m0": continue
-            sp = reward_split(method, setting if isinstance(setting, str) else "", c["dets"], cfg, _facts_of(rows))
+            # the panel: the detectors with a calibration (one that failed is not measured: `unmeasured`)
+            sp = reward_split(method, setting if isinstance(setting, str) else "", c["calibrated"], cfg, _facts_of(rows))
             if not sp["declared"]: continue
+            dets = tuple(sp["held_out"] + sp["in_reward"])          # both groups on the texts valid for every one of them
+            v = views[dets] = views.get(dets) or common_view(c, list(dets))
+            n_h = len(human_scores(v, v["dets"][0])[0]) if v["calibrated"] else 0
             r = {"dataset": c["dataset"], "method": method, "setting": setting, "condition": cond, **sp,
-                 "fpr_target": alpha, "n_human": int(len(c["hum_ok"])), "n_ai": int(rows["sample_id"].nunique()),
-                 "held_out_tpr": None, "in_reward_tpr": None, "difference": None, "note": ""}
+                 "fpr_target": alpha, "n_human": int(n_h), "n_ai": int(v["ai_common"][cond].sum()),
+                 "texts": "valid for every detector compared", "held_out_tpr": None, "in_reward_tpr": None, "difference": None, "note": ""}
             if sp["held_out"] and sp["in_reward"]:
-                x = tpr_contrast(c, (cond, sp["held_out"]), (cond, sp["in_reward"]), alpha, level)
+                x = tpr_contrast(v, (cond, sp["held_out"]), (cond, sp["in_reward"]), alpha, level)
                 r.update(held_out_tpr=x["a"], in_reward_tpr=x["b"], difference=x["difference"])
             else:
                 have, key = (sp["held_out"], "held_out_tpr") if sp["held_out"] else (sp["in_reward"], "in_reward_tpr")
-                if have: r[key] = _interval(*mean_tpr(c, cond, have, alpha), level)
+                if have: r[key] = _interval(*mean_tpr(v, cond, have, alpha), level)
                 r["note"] = ("no in-reward detector in the panel" + (f" ({', '.join(sp['unmeasured'])} not run)" if sp["unmeasured"] else "")
                              if sp["held_out"] else "no held-out detector in the panel")
             out.append(r)
@@ -246,7 +255,7 @@ def check_attacks_reduce(scores, cfg: dict) -> list:
         if c["defense"] != "none": continue
         ds = c["dataset"]
         methods = sorted(set(c["ai"]["method"]) - {"m0"})
-        if c["idx_h"] is None or "m0" not in {x for cs in c["groups"].values() for x in cs}:
+        if not c["calibrated"] or "m0" not in {x for cs in c["groups"].values() for x in cs}:
             out.append(verdict("2b", crit, NA, reason="no calibrated M0 baseline (no human text or no unedited AI text)", dataset=ds)); continue
         if not methods:
             out.append(verdict("2b", crit, NA, reason="no attack ran on AI text", dataset=ds)); continue
@@ -266,7 +275,7 @@ def check_attacks_reduce(scores, cfg: dict) -> list:
         if empty: ev += ". No valid scored output (left out): " + ", ".join(method_name(m) for m in empty)
         if not per:
             out.append(verdict("2b", crit, NA, ev.lstrip(". "), reason="no attack has a valid scored output", dataset=ds)); continue
-        out.append(verdict("2b", crit, FAIL if bad else PASS, ev, dataset=ds, attacks=per, no_valid_output=empty, n_detectors=len(c["dets"])))
+        out.append(verdict("2b", crit, FAIL if bad else PASS, ev, dataset=ds, attacks=per, no_valid_output=empty, n_detectors=len(c["calibrated"])))
     return out
 
 # %% ../nbs/35_acceptance.ipynb #31ec1402
@@ -328,7 +337,7 @@ def check_transfer(table, transfer: list, cfg: dict, skipped: dict) -> list:
         cond = _pick_condition(conds, acc["sim_budget"])
         if cond is None:
             out.append(verdict("3", crit, NA, reason=f"no {method_name(m)} TPR at FPR {acc['fpr_target']:g} (not among fpr_targets)", dataset=ds)); continue
-        panel = sorted(set(t["detector"].dropna()))
+        panel = sorted(set(t.loc[t["value"].notna(), "detector"].dropna()))   # a detector without a calibration: no number
         setting = cond.partition(":")[2]
         sp = rows[cond] if cond in rows else reward_split(m, setting, panel, cfg)
         d = t[(t["condition"] == cond) & (t["metric"] == "delta_tpr") & t["detector"].isin(sp["held_out"])]
@@ -342,7 +351,8 @@ def check_transfer(table, transfer: list, cfg: dict, skipped: dict) -> list:
         if cond in rows and rows[cond]["difference"]:
             r = rows[cond]
             ev += (f"; mean TPR held-out {_ci(r['held_out_tpr'])} vs in-reward {_ci(r['in_reward_tpr'])}, "
-                   f"difference {_ci(r['difference'])}")
+                   f"difference {_ci(r['difference'])} (on the {r['n_human']} human and {r['n_ai']} AI texts valid for every "
+                   "detector compared)")
         out.append(verdict("3", crit, PASS if ok else FAIL, ev, dataset=ds, condition=cond, delta_tpr=deltas, reduced=reduced,
                            in_reward=sp["in_reward"], held_out=sp["held_out"],
                            transfer={kk: rows[cond][kk] for kk in ("held_out_tpr", "in_reward_tpr", "difference")} if cond in rows else None))
@@ -469,15 +479,16 @@ def acceptance_markdown(acc: dict) -> str:
     md += ["", "## Held-out vs in-reward detectors", "",
            f"Mean TPR@{100 * a['fpr_target']:g}%FPR over the detectors each attack was optimised against (`reward_detectors`; "
            "M3: its guide) and over the rest of the panel; difference = held-out − in-reward (positive: the held-out "
-           "detectors still catch more).", ""]
+           "detectors still catch more). Both groups are read on the same texts: those valid for every detector compared "
+           "(texts: human / AI); a detector with no calibration is not in the panel (not run).", ""]
     if acc["transfer"]:
-        md += ["| dataset | condition | in-reward | held-out | in-reward TPR | held-out TPR | difference |", "|---|---|---|---|---|---|---|"]
+        md += ["| dataset | condition | in-reward | held-out | in-reward TPR | held-out TPR | difference | texts |", "|---|---|---|---|---|---|---|---|"]
         for r in acc["transfer"]:
             ir = ", ".join(r["in_reward"]) or "none in the panel"
             if r["unmeasured"]: ir += f" (not run: {', '.join(r['unmeasured'])})"
             diff = _ci(r["difference"]) if r["difference"] else f"– ({r['note']})"
             md.append(f"| {r['dataset']} | `{r['condition']}` | {_cell(ir)} | {_cell(', '.join(r['held_out']) or 'none')} | "
-                      f"{_ci(r['in_reward_tpr'])} | {_ci(r['held_out_tpr'])} | {_cell(diff)} |")
+                      f"{_ci(r['in_reward_tpr'])} | {_ci(r['held_out_tpr'])} | {_cell(diff)} | {r.get('n_human', '–')} / {r.get('n_ai', '–')} |")
     else: md.append("No attack with declared detectors has scored outputs in this run.")
     md += ["", "## Paper artifacts (spec §2.1, §2.2)", "", "| § | item | path | required | exists |", "|---|---|---|---|---|"]
     for x in acc["artifacts"]:

@@ -17,6 +17,7 @@ import pandas as pd
 from .acceptance import parse_setting, reward_split, write_acceptance  # settings strings are parsed once, below this stage
 from .components import DATASETS, DETECTORS, METHODS, dataset_analyses, unedited
 from .core import atomic_write_text, md_tex, read_json, write_json
+from .metrics import calibration_humans, validity_note
 
 # %% auto #0
 __all__ = ['ABBREV', 'PALETTE', 'HEATMAP_CMAP', 'IN_REWARD_COLOR', 'COLUMN_IN', 'PAGE_IN', 'MIN_PT', 'DPI', 'HEAT_CELL_IN',
@@ -151,8 +152,8 @@ def metric_grid(r, ds: str, metric: str, col: str = "value", dets: list | None =
 
 # %% ../nbs/40_figures.ipynb #f72c8fa3
 def entries(r, ds: str) -> set:
-    "The (detector, condition) pairs of dataset `ds` that have numbers (any metric)."
-    s = select(r[r["condition"].notna()], dataset=ds)
+    "The (detector, condition) pairs of dataset `ds` that have numbers (any metric; a failed detector's rows have none)."
+    s = select(r[r["condition"].notna() & r["value"].notna()], dataset=ds)
     return set(zip(s["detector"], s["condition"]))
 
 # %% ../nbs/40_figures.ipynb #75e62d27
@@ -164,12 +165,16 @@ def _at(s, *key) -> float:
 
 # %% ../nbs/40_figures.ipynb #0725178f
 def calibration(r, ds: str, det: str, defense: str = "none") -> dict:
-    "One detector's threshold on `ds` under `defense` (the rows without a condition): {threshold (None: none), n_human, fpr_achieved, note}."
+    """One detector's threshold on `ds` under `defense` (the rows without a condition): {threshold (None: none), n_human,
+    fpr_achieved, note, status (`failed`: no calibration), reason}."""
     c = select(r[r["condition"].isna()], dataset=ds, detector=det, defense=defense).set_index("metric")
-    if "threshold" not in c.index: return {"threshold": None, "n_human": 0, "fpr_achieved": float("nan"), "note": "not in metrics.parquet"}
+    if "threshold" not in c.index: return {"threshold": None, "n_human": 0, "fpr_achieved": float("nan"), "note": "not in metrics.parquet",
+                                           "status": "", "reason": ""}
     t = c.loc["threshold"]
+    d = json.loads(t["detail"]) if isinstance(t["detail"], str) else {}
     return {"threshold": None if pd.isna(t["value"]) else float(t["value"]), "n_human": 0 if pd.isna(t["n_human"]) else int(t["n_human"]),
-            "fpr_achieved": _at(c["value"], "fpr_achieved"), "note": json.loads(t["detail"]).get("note", "") if isinstance(t["detail"], str) else ""}
+            "fpr_achieved": _at(c["value"], "fpr_achieved"), "note": d.get("note", ""), "status": d.get("status", "ok"),
+            "reason": d.get("reason", "")}
 
 # %% ../nbs/40_figures.ipynb #aaf34340
 def _f(v) -> float: return float("nan") if v is None else float(v)
@@ -336,10 +341,11 @@ def plot_heatmap(r, ds: str, path, metric: str = "tpr", title: str | None = None
     plt = _plt()
     dets, conds, vals = heatmap_data(r, ds, metric)
     labels = list(conds["short"])
-    transpose, w, h = heatmap_layout(dets, labels)
+    names = [f"{d} (failed)" if d != "mean" and calibration(r, ds, d)["status"] == "failed" else d for d in dets]   # no calibration
+    transpose, w, h = heatmap_layout(names, labels)
     fig, ax = plt.subplots(figsize=(w, h), layout="constrained")
     ax.set_facecolor(".9")                                        # an undefined (NaN) cell: light grey with a dash
-    rows, cols = (labels, dets) if transpose else (dets, labels)
+    rows, cols = (labels, names) if transpose else (names, labels)
     sns.heatmap(vals.T if transpose else vals, vmin=0, vmax=1, cmap=HEATMAP_CMAP, annot=True, fmt=".2f",
                 annot_kws={"size": MIN_PT}, linewidths=0.5, linecolor="white", xticklabels=cols, yticklabels=rows, ax=ax,
                 cbar_kws={"label": "TPR @ 1% FPR" if metric == "tpr" else metric, "pad": 0.02, "aspect": 30, "shrink": min(1.0, 3.5 / max(h - 1.2, 1))})
@@ -538,17 +544,18 @@ def strongest_attack(r, ds: str) -> str | None:
     return min(cands)[-1] if cands else None
 
 # %% ../nbs/40_figures.ipynb #15d0fb84
-def roc_data(scores, r, ds: str) -> dict:
-    "{'attack', 'n_human', 'detectors': {det: {cond: {fpr, tpr, auc, op_fpr, op_tpr, threshold, n_ai}}}} for M0 and the strongest attack."
+def roc_data(scores, r, ds: str, valid_set: str = "per_detector") -> dict:
+    """{'attack', 'n_human' (per detector), 'detectors': {det: {cond: {fpr, tpr, auc, op_fpr, op_tpr, threshold, n_ai}}}} for M0
+    and the strongest attack, against each detector's human calibration texts (`valid_set`, as in 30_calibration_metrics)."""
     s = scores[(scores["dataset"] == ds) & (scores["candidate_rank"] == 0) & (scores["defense"] == "none")]
     hum = s[(s["label"] == "human") & (s["condition"] == "m0")]
-    hum = hum.pivot_table(index="sample_id", columns="detector_name", values="detector_score_ai", aggfunc="first").dropna()
+    hum = hum.pivot_table(index="sample_id", columns="detector_name", values="detector_score_ai", aggfunc="first", dropna=False)
+    hum = {d: x for d, x in calibration_humans(hum, valid_set == "shared").items() if len(x)}
     attack = strongest_attack(r, ds)
     conds = ["m0"] + ([attack] if attack else [])
-    out = {"attack": attack, "n_human": int(len(hum)), "detectors": {}}
-    if not len(hum): return out
+    out = {"attack": attack, "n_human": {d: int(len(x)) for d, x in hum.items()}, "detectors": {}}
     ai, has = s[s["label"] == "ai"], entries(r, ds)
-    for det in [d for d in detectors(r, ds) if d in hum.columns]:
+    for det in [d for d in detectors(r, ds) if d in hum]:
         h = hum[det].to_numpy(np.float64)
         thr = metric_series(r, ds, det, "threshold")
         for c in conds:
@@ -563,9 +570,9 @@ def roc_data(scores, r, ds: str) -> dict:
 
 # %% ../nbs/40_figures.ipynb #ceeb4b8e
 @themed
-def plot_roc(scores, r, ds: str, path) -> dict:
+def plot_roc(scores, r, ds: str, path, valid_set: str = "per_detector") -> dict:
     "Write the ROC small multiples of one dataset (a panel per detector, log FPR axis); return the plotted data, {} if nothing to plot."
-    data = roc_data(scores, r, ds)
+    data = roc_data(scores, r, ds, valid_set)
     if not data["detectors"]: return {}
     plt = _plt()
     dets = list(data["detectors"])
@@ -574,7 +581,8 @@ def plot_roc(scores, r, ds: str, path) -> dict:
     fig, axes = plt.subplots(nr, nc, figsize=(w, min(w / nc, 2.1) * 0.95 * nr + 0.75), sharex=True, sharey=True,
                              squeeze=False, layout="constrained")
     cs = conditions(r, dataset=ds)
-    floor = min(0.5 / data["n_human"], 0.002)          # left of the 1% line: FPR = 0 is below any target
+    n_h = {data["n_human"][d] for d in dets}
+    floor = min(0.5 / max(n_h), 0.002)                 # left of the 1% line: FPR = 0 is below any target
     for ax, det in zip(axes.flat, dets):
         ax.axvline(0.01, color=".35", ls=":", lw=0.9, label="1% FPR target")
         auc = []
@@ -584,7 +592,7 @@ def plot_roc(scores, r, ds: str, path) -> dict:
             ax.plot([max(x["op_fpr"], floor)], [x["op_tpr"]], "o", color=col, ms=4.5, mfc="white", mew=1.1)
             auc.append((line, f"{x['auc']:.2f}"))
         ax.set_xscale("log"); ax.set_xlim(floor * 0.7, 1.05); ax.set_ylim(-0.02, 1.02)
-        ax.set_title(det)
+        ax.set_title(det if len(n_h) == 1 else f"{det} ({data['n_human'][det]} human)")
         ax.legend(*zip(*auc), title="AUROC", loc="best", handlelength=1.0, borderaxespad=0.3, labelspacing=0.2)
     for k, ax in enumerate(axes.flat):
         if k >= len(dets): ax.axis("off")
@@ -593,7 +601,8 @@ def plot_roc(scores, r, ds: str, path) -> dict:
     axes.flat[0].plot([], [], "o", color=".35", ms=4.5, mfc="white", mew=1.1, label="calibrated 1%-FPR threshold")
     fig.supylabel("TPR")
     _fig_legend(fig, ncol=2 if w == COLUMN_IN else 4)
-    fig.suptitle(_wrap(f"{ds}: ROC vs {data['n_human']} human calibration texts (FPR = 0 drawn at {floor:.3g})", w - 0.2))
+    vs = f"{n_h.pop()} human calibration texts" if len(n_h) == 1 else "each detector's valid human calibration texts"
+    fig.suptitle(_wrap(f"{ds}: ROC vs {vs} (FPR = 0 drawn at {floor:.3g})", w - 0.2))
     _save(fig, path)
     return data
 
@@ -804,8 +813,10 @@ def detector_models(scores, ds: str) -> dict:
 def main_table(r, ds: str, defense: str = "none", skipped: dict | None = None, skipped_methods: dict | None = None,
                models: dict | None = None, reward: dict | None = None) -> tuple:
     """(markdown, latex) of the main table for one dataset; `models`: `detector_models(scores, ds)`; `reward`:
-    `in_reward_cells` (their TPR is marked †)."""
+    `in_reward_cells` (their TPR is marked †). A detector without a calibration reads `failed`, with its reason."""
     dets = detectors(r, ds)
+    cal = {d: calibration(r, ds, d, defense) for d in dets}
+    failed = [d for d in dets if cal[d]["status"] == "failed"]
     cs = conditions(r[r["detector"].isin(dets)], dataset=ds, label="ai", defense=defense)
     g = {(m, col): metric_grid(r, ds, m, col, dets=dets + ["mean"], conds=list(cs.index))
          for m in ("auc", "tpr", "asr") for col in ("value", "ci_low", "ci_high")}
@@ -818,6 +829,7 @@ def main_table(r, ds: str, defense: str = "none", skipped: dict | None = None, s
     for c, lab in cs["short"].items():
         row = [lab]
         for d in dets:
+            if d in failed: row += ["failed"] * 3; continue
             row += [_fmt(v("auc", d, c)), _fmt(v("tpr", d, c)) + ("†" if d in (reward or {}).get(c, ()) and (d, c) in has else ""), _fmt(v("asr", d, c))]
             if (d, c) in has: notes.append(f"{lab} / {d}: AUC [{_fmt(v('auc', d, c, 'ci_low'))}, {_fmt(v('auc', d, c, 'ci_high'))}], "
                                            f"TPR [{_fmt(v('tpr', d, c, 'ci_low'))}, {_fmt(v('tpr', d, c, 'ci_high'))}], n_ai={n(n_ai, d, c)} (invalid {n(n_inv, d, c)})")
@@ -830,17 +842,18 @@ def main_table(r, ds: str, defense: str = "none", skipped: dict | None = None, s
     if any("†" in x for r_ in rows for x in r_):
         md += ["", "† in-reward: the attack was optimised against this detector (`reward_detectors`; M3: its guide); "
                "the other detectors are held out (acceptance.md compares the two)."]
-    cal = []
-    for d in dets:
-        t = calibration(r, ds, d, defense)
-        if t["threshold"] is None: cal.append(f"{d}: no threshold ({t['note']})"); continue
-        cal.append(f"{d}: threshold {t['threshold']:.4g} from {t['n_human']} human texts (achieved FPR {t['fpr_achieved']:.3f})"
-                   + (f"; {t['note']}" if t["note"] else ""))
+    lines = []
+    for d, t in cal.items():
+        if d in failed: lines.append(f"{d}: **failed**, no threshold and no metrics: {t['reason']}"); continue
+        if t["threshold"] is None: lines.append(f"{d}: no threshold ({t['note']})"); continue
+        lines.append(f"{d}: threshold {t['threshold']:.4g} from {t['n_human']} human texts (achieved FPR {t['fpr_achieved']:.3f})"
+                     + (f"; {t['note']}" if t["note"] else ""))
     if models: md += ["", "**Detectors** (model): " + "; ".join(f"{d}: {models[d]}" for d in dets if d in models) + "."]
     md += _skipped_note("Skipped", skipped) + _skipped_note("Skipped methods", skipped_methods)   # "Skipped": detectors
     md += ["", "Thresholds are calibrated on human texts only, at 1% FPR; a text is flagged when its AI-oriented score is "
-           "at or above the threshold. ASR = share of the condition's AI texts below the threshold.", "",
-           "**Calibration.** " + "; ".join(cal) + ".", "",
+           "at or above the threshold. ASR = share of the condition's AI texts below the threshold."
+           + (f" The mean is over the detectors with a calibration (not {', '.join(failed)})." if failed else ""), "",
+           "**Calibration.** " + "; ".join(lines) + ".", "", validity_note(r, ds, defense), "",
            "**95% bootstrap intervals** (stratified by class, threshold refitted in every resample):", ""]
     md += [f"- {x}" for x in notes]
     return "\n".join(md) + "\n", tex
@@ -873,7 +886,7 @@ def transfer_table(r) -> str:
                 + [f"**{_fmt(x['tpr'][d])}**" if d == x["guide"] else _fmt(x["tpr"][d]) for d in dets]
                 + [_fmt(x["mean"]), _fmt(x["heldout_mean"])] for x in td["rows"]]
         df = pd.DataFrame(rows, columns=["guidance detector", "N", *dets, "mean", "held-out mean"])
-        out += [f"## {ds}: guidance vs deploy (TPR@1%FPR)", "", md_tex(df)[0], ""]
+        out += [f"## {ds}: guidance vs deploy (TPR@1%FPR)", "", md_tex(df)[0], "", validity_note(r, ds), ""]
     if not out: return ""
     return ("# Guidance vs deploy transfer\n\nRows: the detector that guided M3's candidate selection; columns: the detector "
             "deployed at evaluation, TPR at its human-calibrated 1%-FPR threshold (lower = better evasion). Bold: guide = "
@@ -904,7 +917,8 @@ def sanitize_table(r, ds: str) -> str:
     df = pd.DataFrame([[x["short"], x["detector"], _fmt(x["tpr_before"]), _fmt(x["tpr_after"]),
                         _fmt(x["auc_before"]), _fmt(x["auc_after"])] for x in rows],
                       columns=["Method", "Detector", "TPR@1%FPR before", "TPR@1%FPR after sanitize", "AUC before", "AUC after"])
-    return f"## {ds}: homoglyph attack before and after sanitize()\n\n" + md_tex(df)[0] + "\n"
+    counts = [x for x in (validity_note(r, ds, d) for d in ("none", "sanitize")) if x]
+    return f"## {ds}: homoglyph attack before and after sanitize()\n\n" + md_tex(df)[0] + "\n" + "".join(f"\n{x}\n" for x in counts)
 
 # %% ../nbs/40_figures.ipynb #dfdd293d
 @themed
@@ -1015,8 +1029,8 @@ def run_figures_stage(cfg: dict) -> list:
             written.append(atomic_write_text(tab / ("table_sanitize.md" if first else f"table_sanitize_{ds}.md"), sanitize_table(r, ds)))
             written.append(plot_sanitize(r, ds, fig / ("fig_sanitize.png" if first else f"fig_sanitize_{ds}.png")))
         roc_path = fig / f"fig_roc_{ds}.png"
-        if plot_roc(scores, r, ds, roc_path): written.append(roc_path)
-        else: notes[_rel(roc_path, out)] = "no unedited human text scored by every detector, or no scored AI text"
+        if plot_roc(scores, r, ds, roc_path, metrics_module.valid_set(cfg)): written.append(roc_path)
+        else: notes[_rel(roc_path, out)] = "no detector has both a valid unedited human text to calibrate on and a scored AI text"
     if not any(Path(p).name == "fig_sanitize.png" for p in written):
         notes["figures/fig_sanitize.png"] = notes["tables/table_sanitize.md"] = "no condition was scored both with and without the sanitize defense"
     optional = [("figures/fig_tradeoff.png", lambda p: plot_tradeoff(r, quality, p, sim_name),

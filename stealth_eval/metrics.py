@@ -17,13 +17,14 @@ from .core import md_tex, stable_hash, write_json
 # %% auto #0
 __all__ = ['SHIELD_K', 'SHIELD_LAMBDA', 'WAUROC_TIES', 'YOUDEN_TIES', 'APT_CALIB_PREFIX', 'APT_FPR_VARIANT', 'BEEMO_EDIT_BINS',
            'BEEMO_CATEGORIES', 'LENGTH_BINS', 'TABLE_COLS', 'HIGHER_IS_BETTER', 'RESULT_FILES', 'threshold_at_fpr',
-           'auroc_rows', 'tpr_rows', 'bootstrap_indices', 'detector_metrics', 'calibration_sets', 'condition_scores',
+           'auroc_rows', 'tpr_rows', 'bootstrap_indices', 'detector_metrics', 'valid_set', 'invalid_reasons',
+           'human_draw', 'calibration_humans', 'calibration_sets', 'human_scores', 'condition_scores', 'common_view',
            'compute_metrics', 'roc_counts_rows', 'wauroc_rows', 'youden_rows', 'sfd', 'urss', 'shield_choices',
            'compute_shield', 'tau_rows', 'fit_youden_threshold', 'tau_cv', 'compute_tau', 'tau_table2', 'polish_level',
            'threshold_max_accuracy', 'accuracy_rows', 'compute_apt', 'beemo_version', 'edit_range_labels', 'edit_range',
            'beemo_edit_facts', 'compute_beemo', 'bin_labels', 'length_bin', 'masked_rate_rows', 'compute_deployment',
            'metrics_long', 'metrics_json_from_table', 'sample_counts', 'results_info', 'output_polishers',
-           'run_metrics_stage', 'metrics_table', 'extra_tables']
+           'run_metrics_stage', 'metrics_table', 'detector_validity', 'validity_note', 'extra_tables']
 
 # %% ../nbs/30_calibration_metrics.ipynb #57c2c967
 def threshold_at_fpr(h, alpha: float):
@@ -95,10 +96,52 @@ def _resample(n: int, B: int, *key) -> np.ndarray:
     "(B, n) bootstrap indices from a generator seeded by `key`."
     return np.random.default_rng(int(stable_hash(list(key))[:8], 16)).integers(0, max(n, 1), size=(B, n))
 
+# %% ../nbs/30_calibration_metrics.ipynb #1d042a98
+def valid_set(cfg: dict) -> str:
+    "The run's `valid_set` (`per_detector` or `shared`; the library's default where a configuration has none)."
+    from stealth_eval.schema import Settings
+    return cfg.get("valid_set") or Settings().valid_set
+
+def invalid_reasons(rows) -> str:
+    "The reasons recorded on the rows without a score (`fail_reason`), most frequent first: 'reason (count); ...'."
+    bad = rows[rows["detector_score_ai"].isna()]
+    r = bad["fail_reason"].fillna("").astype(str) if "fail_reason" in bad.columns else pd.Series("", index=bad.index)
+    n = r.where(r != "", "no reason recorded").value_counts()
+    return "; ".join(f"{k} ({v})" for k, v in sorted(n.items(), key=lambda kv: (-kv[1], kv[0])))
+
 # %% ../nbs/30_calibration_metrics.ipynb #aa54ce43
+def human_draw(c: dict, ids) -> np.ndarray:
+    """(B, n) resample indices into the human texts `ids` (sorted) of calibration set `c`, made once per set of texts:
+    every detector (and every comparison) on the same texts gets the same draw."""
+    ids = tuple(ids)
+    if ids not in c["_draws"]:
+        whole = c["shared"] or len(ids) == len(c["hum"])   # every unedited human text, or the shared set: the key of old
+        key = (c["seed"], c["dataset"], c["defense"], "human") + (() if whole else (stable_hash(list(ids)),))
+        c["_draws"][ids] = _resample(len(ids), c["B"], *key)
+    return c["_draws"][ids]
+
+def calibration_humans(hum, shared: bool) -> dict:
+    """detector -> its human calibration scores (by sample id) from `hum`, the unedited human texts x detectors (NaN: no
+    valid score): its own valid ones, or (`shared`) those valid for every detector that has one. Empty: none."""
+    scored = [d for d in hum.columns if hum[d].notna().any()]
+    ok = hum[scored].dropna()
+    return {d: ok[d] if shared and d in scored else hum[d].dropna() for d in hum.columns}
+
+def _why_uncalibrated(c: dict, det: str, rows) -> str:
+    "Why `det` has no human text to calibrate on in calibration set `c`: what is missing, then the reasons its rows record."
+    mine = rows[rows["detector_name"] == det]                 # the dataset's rows (candidate 0), every condition and defense
+    if mine["detector_score_ai"].isna().all():
+        return f"no valid score on any of its {len(mine)} scored texts: {invalid_reasons(mine)}"
+    h = c["hum_rows"][(c["hum_rows"]["detector_name"] == det) & (c["hum_rows"]["condition"] == c["orig"])]
+    if not len(h): return f"no unedited human text (defense {c['defense']}) to calibrate on"
+    if h["detector_score_ai"].isna().all():
+        return f"none of its {len(h)} unedited human texts (defense {c['defense']}) has a valid score: {invalid_reasons(h)}"
+    return "no unedited human text is valid for every detector (valid_set=shared)"
+
 def calibration_sets(scores, cfg: dict):
-    "Per (dataset, defense): the human calibration set, the AI conditions grouped by source ids, and their resamples."
-    B, seed = cfg["n_bootstrap"], cfg["seed"]
+    """Per (dataset, defense): each detector's human calibration texts (setting `valid_set`) with their resamples, why a
+    detector has none (`failed`), and the AI conditions grouped by source ids with theirs."""
+    B, seed, shared = cfg["n_bootstrap"], cfg["seed"], valid_set(cfg) == "shared"
     s = scores[scores["candidate_rank"] == 0]
     for ds, sd in s.groupby("dataset", sort=True):
         dets = sorted(sd["detector_name"].unique())
@@ -106,12 +149,14 @@ def calibration_sets(scores, cfg: dict):
             orig = "m0" if defense == "none" else f"m0+{defense}"
             hum_rows = sdd[sdd["label"] == "human"]
             hum = _pivot(hum_rows[hum_rows["condition"] == orig], "sample_id", "detector_name").reindex(columns=dets)
-            hum_ok = hum.dropna()                     # calibration: unedited human texts scored by every detector
             ai = sdd[sdd["label"] == "ai"]
             c = {"dataset": ds, "defense": defense, "orig": orig, "dets": dets, "rows": sdd, "hum_rows": hum_rows,
-                 "hum": hum, "hum_ok": hum_ok, "ai": ai, "groups": {}, "idx": {}, "idx_h": None}
-            if len(hum_ok) == 0: yield c; continue
-            c["idx_h"] = _resample(len(hum_ok), B, seed, ds, defense, "human")
+                 "hum": hum, "ai": ai, "groups": {}, "idx": {}, "human": {}, "failed": {},
+                 "shared": shared, "B": B, "seed": seed, "_draws": {}}
+            for d, h in calibration_humans(hum, shared).items():
+                if len(h): c["human"][d] = (h, human_draw(c, h.index))
+                else: c["failed"][d] = _why_uncalibrated(c, d, sd)
+            c["calibrated"] = [d for d in dets if d in c["human"]]
             # AI conditions share the source ids of the original AI texts (paired resamples); a condition on other
             # texts (a benchmark's own edited AI texts) gets its own resample of its own ids
             base_ids = sorted(ai.loc[ai["condition"] == orig, "sample_id"].unique())
@@ -124,48 +169,80 @@ def calibration_sets(scores, cfg: dict):
             yield c
 
 # %% ../nbs/30_calibration_metrics.ipynb #c056061a
+def human_scores(c: dict, det: str) -> tuple:
+    "(scores (n,), sample ids, (B, n) resample indices) of `det`'s human calibration texts in `c`; (empty, empty, None) without any."
+    if det not in c["human"]: return np.empty(0), pd.Index([]), None
+    h, idx = c["human"][det]
+    return h.to_numpy(np.float64), h.index, idx
+
 def condition_scores(c: dict, det: str) -> dict:
-    "condition -> (AI scores aligned to the condition's source ids (NaN = invalid), its (B, n) resample indices)."
-    A = c["ai_pivot"][det]
-    return {cond: (A[cond].reindex(list(u)).to_numpy(np.float64), c["idx"][u]) for u, cs in c["groups"].items() for cond in cs}
+    "condition -> (AI scores aligned to the condition's source ids (NaN = invalid, or outside a `common_view`), its (B, n) resample indices)."
+    A, keep = c["ai_pivot"][det], c.get("ai_common")
+    out = {}
+    for u, cs in c["groups"].items():
+        for cond in cs:
+            a = A[cond].reindex(list(u)).to_numpy(np.float64)
+            out[cond] = (a if keep is None else np.where(keep[cond], a, np.nan), c["idx"][u])
+    return out
+
+def common_view(c: dict, dets: list) -> dict:
+    """Calibration set `c` narrowed to the texts valid for every one of `dets` (those with a calibration): the same human
+    texts and draw for each, and per condition the AI texts every one of them scored. For numbers that compare detectors."""
+    dets = [d for d in dets if d in c["human"]]
+    ids = c["hum"].index
+    for d in dets: ids = ids[ids.isin(c["human"][d][0].index)]
+    human = {d: (c["human"][d][0].reindex(ids), human_draw(c, ids)) for d in dets} if len(ids) else {}
+    keep = {}
+    for u, cs in c["groups"].items():
+        for cond in cs:
+            keep[cond] = np.ones(len(u), dtype=bool)
+            for d in dets: keep[cond] &= c["ai_pivot"][d][cond].reindex(list(u)).notna().to_numpy()
+    base = {k: v for k, v in c.items() if not k.startswith("_")}     # a cache of `c` is not the view's; the draws are
+    return {**base, "_draws": c["_draws"], "dets": dets, "human": human, "calibrated": list(human), "ai_common": keep,
+            "failed": {d: "no text valid for every detector compared" for d in dets if d not in human}}
 
 # %% ../nbs/30_calibration_metrics.ipynb #fd1961d7
 def compute_metrics(scores, cfg: dict) -> tuple:
     "metrics (dataset -> detector -> condition -> metrics) and thresholds, from a scores table."
     level, B, seed = cfg["ci_level"], cfg["n_bootstrap"], cfg["seed"]
     metrics, thresholds = {}, {}
+    nan2 = (np.nan, np.full(B, np.nan))                       # a number without data: its point and draws
     for c in calibration_sets(scores, cfg):
-        ds, defense, orig, dets, hum, hum_ok = c["dataset"], c["defense"], c["orig"], c["dets"], c["hum"], c["hum_ok"]
+        ds, defense, orig, dets, hum, groups = c["dataset"], c["defense"], c["orig"], c["dets"], c["hum"], c["groups"]
         if ds not in metrics: metrics[ds], thresholds[ds] = {d: {} for d in dets}, {d: {} for d in dets}
-        if len(hum_ok) == 0:
-            for d in dets: thresholds[ds][d][defense] = {"threshold": None, "n_human": 0, "n_human_invalid": int(len(hum)),
-                                                         "note": "no valid unedited human text: nothing to calibrate on"}
-            continue
-        idx_h, groups, idx, hum_rows = c["idx_h"], c["groups"], c["idx"], c["hum_rows"]
+        idx, hum_rows = c["idx"], c["hum_rows"]
         hconds = sorted(set(hum_rows["condition"]) - {orig})          # edited human texts: flag rates only
         per_det = {}
         for det in dets:
-            h = hum_ok[det].to_numpy(np.float64)
+            h, _, idx_h = human_scores(c, det)
+            ok = idx_h is not None
+            failed = {} if ok else {"status": "failed", "reason": c["failed"][det]}   # no calibration: said, never dropped
             A = c["ai_pivot"][det]
             Hx = _pivot(hum_rows[hum_rows["detector_name"] == det], "sample_id", "condition")
-            thresholds[ds][det][defense] = {}
+            if not ok: thresholds[ds][det][defense] = {"threshold": None, "n_human": 0, "n_human_invalid": int(len(hum)),
+                                                       "note": "no valid unedited human text: nothing to calibrate on", **failed}
+            else: thresholds[ds][det][defense] = {}
             for j, alpha in enumerate(cfg["fpr_targets"]):
                 k = _fpr_key(alpha)
-                t, tb = threshold_at_fpr(h, alpha), threshold_at_fpr(h[idx_h], alpha)
-                res = {"_fpr_human": float((h >= t).mean())}
-                for u, cs in groups.items():
-                    res.update(detector_metrics(h, {cc: A[cc].reindex(list(u)).to_numpy(np.float64) for cc in cs}, alpha, idx_h, idx[u], (t, tb)))
-                thresholds[ds][det][defense][f"fpr={alpha:g}"] = {
-                    "threshold": float(t), "fpr_target": alpha, "fpr_achieved": res["_fpr_human"],
-                    "n_human": int(len(h)), "n_human_invalid": int(len(hum) - len(hum_ok)),
-                    "resolved": bool(len(h) >= 1 / alpha),
-                    "note": "" if len(h) >= 1 / alpha else f"fewer than {math.ceil(1 / alpha)} human texts: no human text may be flagged; the target FPR is not resolved"}
-                to, to_b = res[orig]["tpr"] if orig in res else (np.nan, np.full(B, np.nan))
+                if ok:
+                    t, tb = threshold_at_fpr(h, alpha), threshold_at_fpr(h[idx_h], alpha)
+                    res = {"_fpr_human": float((h >= t).mean())}
+                    for u, cs in groups.items():
+                        res.update(detector_metrics(h, {cc: A[cc].reindex(list(u)).to_numpy(np.float64) for cc in cs}, alpha, idx_h, idx[u], (t, tb)))
+                    thresholds[ds][det][defense][f"fpr={alpha:g}"] = {
+                        "threshold": float(t), "fpr_target": alpha, "fpr_achieved": res["_fpr_human"],
+                        "n_human": int(len(h)), "n_human_invalid": int(len(hum) - len(h)),
+                        "resolved": bool(len(h) >= 1 / alpha),
+                        "note": "" if len(h) >= 1 / alpha else f"fewer than {math.ceil(1 / alpha)} human texts: no human text may be flagged; the target FPR is not resolved"}
+                else:
+                    t, tb = nan2
+                    res = {"_fpr_human": np.nan, **{cc: {"auc": nan2, "tpr": nan2} for cs in groups.values() for cc in cs}}
+                to, to_b = res[orig]["tpr"] if orig in res else nan2
                 for u, cs in groups.items():
                     for cc in cs:
                         a = A[cc].dropna().to_numpy(np.float64)
                         m = metrics[ds][det].setdefault(cc, {"label": "ai", "defense": defense, "n_human": int(len(h)),
-                                                             "n_ai": int(len(a)), "n_ai_invalid": int(len(u) - len(a))})
+                                                             "n_ai": int(len(a)), "n_ai_invalid": int(len(u) - len(a)), **failed})
                         if j == 0: m.update(_summarise("auc", *res[cc]["auc"], level))
                         tp, tp_b = res[cc]["tpr"]
                         m.update({f"threshold{k}": float(t), f"fpr{k}_human": res["_fpr_human"]})
@@ -173,21 +250,24 @@ def compute_metrics(scores, cfg: dict) -> tuple:
                         m.update(_summarise(f"tpr{k}_orig", to, to_b, level))
                         m.update(_summarise("asr" if k == "1" else f"asr{k}", 1 - tp, 1 - tp_b, level))
                         m.update(_summarise(f"delta_tpr{k}", tp - to, tp_b - to_b, level))
-                        if j == 0: per_det.setdefault(cc, []).append((res[cc]["auc"], res[cc]["tpr"]))
+                        if j == 0 and ok: per_det.setdefault(cc, []).append((res[cc]["auc"], res[cc]["tpr"]))
                 for hc in (x for x in hconds if x in Hx):   # share of edited human texts flagged at the pure-human threshold
                     x = Hx[hc].dropna().to_numpy(np.float64)
                     ix = _resample(len(x), B, seed, ds, defense, "human-edited", hc)
                     n_rows = int(((hum_rows["detector_name"] == det) & (hum_rows["condition"] == hc)).sum())
                     m = metrics[ds][det].setdefault(hc, {"label": "human", "defense": defense, "n_human_edited": int(len(x)),
-                                                         "n_invalid": n_rows - int(len(x))})
-                    fr = tpr_rows(x, [t])[0] if len(x) else np.nan
-                    fr_b = tpr_rows(x[ix], tb) if len(x) else np.full(B, np.nan)
+                                                         "n_invalid": n_rows - int(len(x)), **failed})
+                    fr = tpr_rows(x, [t])[0] if len(x) and ok else np.nan
+                    fr_b = tpr_rows(x[ix], tb) if len(x) and ok else np.full(B, np.nan)
                     m.update({f"threshold{k}": float(t)}); m.update(_summarise(f"flag_rate{k}", fr, fr_b, level))
-        k0, mean = _fpr_key(cfg["fpr_targets"][0]), metrics[ds].setdefault("mean", {})
-        for cc, items in per_det.items():
+        k0, left = _fpr_key(cfg["fpr_targets"][0]), sorted(c["failed"])
+        mean = metrics[ds].setdefault("mean", {}) if c["calibrated"] else {}
+        for cc, items in per_det.items():   # over the detectors with a calibration, each on its own texts (`valid_set`)
             auc_p = np.mean([a[0] for a, _ in items]); auc_b = np.mean([a[1] for a, _ in items], axis=0)
             tp_p = np.mean([t[0] for _, t in items]); tp_b = np.mean([t[1] for _, t in items], axis=0)
-            mean[cc] = {"label": "ai", "defense": defense, "n_detectors": len(items), **_summarise("auc", auc_p, auc_b, level),
+            mean[cc] = {"label": "ai", "defense": defense, "n_detectors": len(items),
+                        **({"note": f"without {', '.join(left)} (no calibration: see its reason)"} if left else {}),
+                        **_summarise("auc", auc_p, auc_b, level),
                         **_summarise(f"tpr{k0}", tp_p, tp_b, level), **_summarise("asr" if k0 == "1" else f"asr{k0}", 1 - tp_p, 1 - tp_b, level)}
     return metrics, thresholds
 
@@ -319,7 +399,7 @@ def shield_choices(cfg: dict) -> dict:
 def _style_llm_families(c: dict, det: str, h, cs_det: dict, dom: dict, gen: dict, k, lam, ddof, ch, d: dict):
     "SHIELD's own grouping: a scenario is one (writing style, LLM) cell; SFD across LLMs per style, across styles per LLM."
     ds, defense, orig, level, B, seed = c["dataset"], c["defense"], c["orig"], c["level"], c["B"], c["seed"]
-    hdom = np.array([dom.get(i) for i in c["hum_ok"].index], dtype=object)
+    hdom = np.array([dom.get(i) for i in human_scores(c, det)[1]], dtype=object)
     for u, conds in c["groups"].items():
         sty, llm = np.array([dom.get(i) for i in u], dtype=object), np.array([gen.get(i) for i in u], dtype=object)
         styles, llms = sorted({s for s in sty if isinstance(s, str)}), sorted({g for g in llm if isinstance(g, str)})
@@ -356,15 +436,15 @@ def compute_shield(scores, cfg: dict) -> dict:
     res = {}
     for c in calibration_sets(scores, cfg):
         ds, defense, orig = c["dataset"], c["defense"], c["orig"]
-        if len(c["hum_ok"]) == 0 or not c["groups"]: continue
+        if not c["calibrated"] or not c["groups"]: continue
         rows = c["rows"]
         dom, gen = _sample_attr(rows, "domain"), _sample_attr(rows[rows["label"] == "ai"], "generator")
-        for det in c["dets"]:
-            h = c["hum_ok"][det].to_numpy(np.float64)
+        for det in c["calibrated"]:
+            h, _, idx_h = human_scores(c, det)
             d = res.setdefault(ds, {}).setdefault(det, {"conditions": {}, "families": {}})
             scen, cs_det = [], condition_scores(c, det)
             for cond, (a, ia) in cs_det.items():
-                o = _one(h, a, c["idx_h"], ia, k, ch)
+                o = _one(h, a, idx_h, ia, k, ch)
                 m = {"label": "ai", "defense": defense, "n_human": int(len(h)), "n_ai": int((~np.isnan(a)).sum()),
                      **_summarise("wauroc", *o["w"], level), **_summarise("youden_fpr", *o["f"], level),
                      "youden_tpr": float(o["r"][0]), "youden_j": float(o["j"][0])}
@@ -437,6 +517,12 @@ def _is_supervised(det: str, family) -> bool:
     return "supervised" in f or "classifier" in f
 
 # %% ../nbs/30_calibration_metrics.ipynb #b23fe54c
+def _tau_one(h, a, ih, ia, gh, ga, K: int, key) -> dict:
+    "tau (point, draws), Youden FPR/TPR, two-sided and cross-validated tau of one detector on human `h` vs AI `a`."
+    f, r, _ = youden_rows(h, a)
+    return {"tau": (tau_rows(h, a)[0], tau_rows(h[ih], a[ia])), "f": f[0], "r": r[0], "two": float(tau_rows(h, a, two_sided=True)[0]),
+            "cv": tau_cv(h, a, gh, ga, K, key), "folds": int(max(2, min(K, len(set(gh) | set(ga)))))}
+
 def compute_tau(scores, cfg: dict, groups: dict | None = None) -> dict:
     "metrics_tau.json: tau per (dataset, detector, condition), its max over detectors, the cross-validated tau, and Table 2."
     level, seed, K = cfg["ci_level"], cfg["seed"], cfg.get("tau_cv_folds", 5)
@@ -447,39 +533,49 @@ def compute_tau(scores, cfg: dict, groups: dict | None = None) -> dict:
     res = {}
     for c in calibration_sets(scores, cfg):
         ds, defense = c["dataset"], c["defense"]
-        if len(c["hum_ok"]) == 0 or not c["groups"]: continue
-        gh = [groups.get((ds, i), i) for i in c["hum_ok"].index]
-        draws = {}
-        for det in c["dets"]:
-            h = c["hum_ok"][det].to_numpy(np.float64)
+        if not c["calibrated"] or not c["groups"]: continue
+        grp = lambda ids: [groups.get((ds, i), i) for i in ids]
+        cond_ids = {cond: u for u, cs in c["groups"].items() for cond in cs}
+        one = {}                                      # (detector, condition) -> _tau_one on its own texts
+        for det in c["calibrated"]:
+            h, hid, ih = human_scores(c, det)
             for cond, (a, ia) in condition_scores(c, det).items():
-                u = next(u for u, cs in c["groups"].items() if cond in cs)
-                hb, ab = h[c["idx_h"]], a[ia]
-                p, b = tau_rows(h, a)[0], tau_rows(hb, ab)
-                f, r, _ = youden_rows(h, a)
-                tcv = tau_cv(h, a, gh, [groups.get((ds, i), i) for i in u], K, (seed, ds, defense, "tau-cv"))
+                x = one[det, cond] = _tau_one(h, a, ih, ia, grp(hid), grp(cond_ids[cond]), K, (seed, ds, defense, "tau-cv"))
                 res.setdefault(ds, {}).setdefault(det, {})[cond] = {
                     "defense": defense, "n_human": int(len(h)), "n_ai": int((~np.isnan(a)).sum()),
                     "detector_family": fam.get(det, ""), "supervised": _is_supervised(det, fam.get(det, "")),
-                    **_summarise("tau", p, b, level), "risk": float(0.5 * (1 - r[0]) + 0.5 * f[0]), "youden_fpr": float(f[0]),
-                    "youden_tpr": float(r[0]), "tau_two_sided": float(tau_rows(h, a, two_sided=True)[0]),
-                    "tau_cv": tcv, "risk_cv": 0.5 * (1 - tcv), "cv_folds": int(max(2, min(K, len(set(gh) | {groups.get((ds, i), i) for i in u}))))}
-                draws.setdefault(cond, {})[det] = (p, b)
-        for cond, dd in draws.items():   # the panel: max over detectors, with the interval of the max (paired resamples)
-            dets = list(dd)
-            P, Bm = np.array([dd[x][0] for x in dets]), np.stack([dd[x][1] for x in dets])
-            per = {x: res[ds][x][cond] for x in dets}
-            best = dets[int(np.nanargmax(P))] if not np.isnan(P).all() else None
-            cv = {x: per[x]["tau_cv"] for x in dets if not np.isnan(per[x]["tau_cv"])}
+                    **_summarise("tau", *x["tau"], level), "risk": float(0.5 * (1 - x["r"]) + 0.5 * x["f"]), "youden_fpr": float(x["f"]),
+                    "youden_tpr": float(x["r"]), "tau_two_sided": x["two"], "tau_cv": x["cv"], "risk_cv": 0.5 * (1 - x["cv"]), "cv_folds": x["folds"]}
+        # the panel: max over detectors, with the interval of the max, on the texts valid for every detector compared
+        # (the same human and AI texts and resamples for each; where they are each detector's own, its numbers above)
+        v = common_view(c, c["calibrated"])
+        dets = v["calibrated"]
+        for cond in cond_ids:
+            per = {}
+            for det in dets:
+                h, hid, ih = human_scores(v, det)
+                a, ia = condition_scores(v, det)[cond]
+                own = res[ds][det][cond]
+                same = len(h) == own["n_human"] and (~np.isnan(a)).sum() == own["n_ai"]   # the common texts are its own
+                per[det] = one[det, cond] if same else _tau_one(h, a, ih, ia, grp(hid), grp(cond_ids[cond]), K, (seed, ds, defense, "tau-cv"))
+            P = np.array([per[x]["tau"][0] for x in dets])
+            best = dets[int(np.nanargmax(P))] if len(P) and not np.isnan(P).all() else None   # None: no common text
+            cv = {x: per[x]["cv"] for x in dets if not np.isnan(per[x]["cv"])}
+            Bm = np.stack([per[x]["tau"][1] for x in dets]) if best else np.full((1, c["B"]), np.nan)
+            Bm = np.where(np.isnan(Bm), -np.inf, Bm).max(0)          # a resample where no detector has a value: NaN
+            mx, mx_b = (np.nanmax(P) if best else np.nan), np.where(np.isinf(Bm), np.nan, Bm)
             res[ds].setdefault("max", {})[cond] = {
-                "defense": defense, "over": "detectors", "n_detectors": len(dets), "detector": best,
-                **_summarise("tau", np.nanmax(P), np.nanmax(Bm, axis=0), level),
-                "tau_two_sided": max(per[x]["tau_two_sided"] for x in dets),
+                "defense": defense, "over": "detectors", "n_detectors": len(dets),
+                "n_human": int(len(human_scores(v, dets[0])[0])) if dets else 0, "n_ai": int(v["ai_common"][cond].sum()),
+                "texts": "valid for every detector compared" if best else "no text is valid for every detector compared: no max",
+                "detector": best, **_summarise("tau", mx, mx_b, level),
+                "tau_two_sided": max((per[x]["two"] for x in dets), default=float("nan")),
                 "tau_cv": max(cv.values()) if cv else float("nan"), "detector_cv": max(cv, key=cv.get) if cv else None}
     meta = {"prior": 0.5, "loss": "0-1", "risk_chance": 0.5, "classifiers": "thresholds on one detector's AI-oriented score",
             "tau": "max_t TPR(t) - FPR(t) (= 1 - R(h*)/R(chance))", "cv_folds": K, "cv_groups": "source id",
-            "ci_level": level, "n_bootstrap": cfg["n_bootstrap"], "seed": seed,
-            "max": "the 'max' entries: max over the detectors of one (dataset, condition), the panel as one classifier; "
+            "ci_level": level, "n_bootstrap": cfg["n_bootstrap"], "seed": seed, "valid_set": valid_set(cfg),
+            "max": "the 'max' entries: max over the detectors of one (dataset, condition), the panel as one classifier, on the "
+                   "texts valid for every detector compared (n_human, n_ai; a detector with no calibration is left out); "
                    "not Table 2's Max column (max over contexts per transformation): that is `table2`",
             "table2": "the paper's Table 2: transformation = detector, context = dataset, machine = AI condition; "
                       "tau (tau_cv for supervised detectors, its footnote 1); Max over contexts; Average over transformations; "
@@ -564,7 +660,7 @@ def _polisher(row: dict, kind_level, cfg: dict, polishers: dict) -> str:
 
 def _apt_calibration(c: dict, det: str):
     "APT-Eval's calibration set for one detector: (human, AI) scores, their resamples and where they come from; None if no AI."
-    h = c["hum_ok"][det]
+    h = c["human"][det][0]
     ai = c["ai"][(c["ai"]["detector_name"] == det) & (c["ai"]["condition"] == c["orig"])]
     split = h.index.astype(str).str.startswith(APT_CALIB_PREFIX)
     if split.any():   # the benchmark's own split (300 unpolished human + 300 AI texts): only its rows
@@ -609,7 +705,7 @@ def compute_apt(scores, cfg: dict, polishers: dict | None = None) -> dict:
     res = {}
     for c in calibration_sets(scores, cfg):
         ds, defense, hum_rows = c["dataset"], c["defense"], c["hum_rows"]
-        if len(c["hum_ok"]) == 0: continue
+        if not c["calibrated"]: continue
         info = hum_rows.drop_duplicates(["condition", "sample_id"])
         pol = {cond: polish_level(m, st) for cond, m, st in info[["condition", "method", "setting"]].drop_duplicates().itertuples(index=False)}
         pol = {cond: v for cond, v in pol.items() if v}
@@ -617,8 +713,8 @@ def compute_apt(scores, cfg: dict, polishers: dict | None = None) -> dict:
         who = {(r["condition"], r["sample_id"]): _polisher(r, pol[r["condition"]], cfg, polishers) for r in info.to_dict(orient="records") if r["condition"] in pol}
         where = dict(zip(zip(info["condition"], info["sample_id"]), info["domain"])) if "domain" in info.columns else {}
         cd = {**c, "B": B, "seed": seed}
-        for det in c["dets"]:
-            h = c["hum_ok"][det].to_numpy(np.float64)
+        for det in c["calibrated"]:
+            h, hid, idx_h = human_scores(c, det)
             Hx = _pivot(hum_rows[hum_rows["detector_name"] == det], "sample_id", "condition")
             d = res.setdefault(ds, {}).setdefault(det, {})
             cal = _apt_calibration({**c, "B": B, "seed": seed}, det)
@@ -626,17 +722,17 @@ def compute_apt(scores, cfg: dict, polishers: dict | None = None) -> dict:
             rules = []
             for alpha in cfg["fpr_targets"]:
                 k = _fpr_key(alpha)
-                t, tb = threshold_at_fpr(h, alpha), threshold_at_fpr(h[c["idx_h"]], alpha)
+                t, tb = threshold_at_fpr(h, alpha), threshold_at_fpr(h[idx_h], alpha)
                 facts = {f"threshold{k}": float(t)}
                 if cal: facts.update(_summarise(f"fpr{k}_calib", float((cal["h"] >= t).mean()), tpr_rows(cal["h"][cal["ih"]], tb), level))
                 rules.append((k, t, tb, facts))
             if cal: rules += [(f"_{p}", t, tb, facts) for p, (t, tb, facts) in _apt_protocols(cal, level).items()]
             base = d.setdefault(c["orig"], {"polish": "none", "level": "none", "source": "human", "defense": defense, "by_polisher": {}})
             for k, t, tb, facts in rules:
-                fh = tpr_rows(h[c["idx_h"]], tb)
+                fh = tpr_rows(h[idx_h], tb)
                 base["by_polisher"].setdefault("all", {"n": int(len(h))}).update(
                     {**facts, f"n_flagged{k}": int((h >= t).sum()), **_summarise(f"flag_rate{k}", (h >= t).mean(), fh, level)})
-            bd = _apt_by_domain(h, np.array([where.get((c["orig"], i)) for i in c["hum_ok"].index], dtype=object), rules, (c["orig"], "all"), cd, level)
+            bd = _apt_by_domain(h, np.array([where.get((c["orig"], i)) for i in hid], dtype=object), rules, (c["orig"], "all"), cd, level)
             if bd: base["by_polisher"]["all"]["by_domain"] = bd
             for cond in sorted(x for x in pol if x in Hx):
                 col = Hx[cond].dropna()
@@ -756,9 +852,11 @@ def compute_beemo(scores, cfg: dict, edits: dict | None = None) -> dict:
         if len(editors) > 1:
             for e in editors:
                 tasks[f"human_vs_{e}"] = ({"human"}, {e}); tasks[f"{e}_vs_machine"] = ({e}, {"machine"})
-        hv = sd[ver == "human"]                        # human texts: those valid for every detector, as in calibration
-        ok_h = set(_pivot(hv, "sample_id", "detector_name").dropna().index) if len(hv) else set()
-        keep = (ver != "human") | sd["sample_id"].isin(ok_h).to_numpy()
+        hv = sd[ver == "human"]                        # human texts: those calibration uses (`valid_set`)
+        keep = np.ones(len(sd), dtype=bool)            # per detector: its own valid ones (an invalid score is dropped per task)
+        if valid_set(cfg) == "shared" and len(hv):     # shared: valid for every detector that scored a human text
+            p = _pivot(hv, "sample_id", "detector_name")
+            keep = (ver != "human") | sd["sample_id"].isin(set(p.loc[:, p.notna().any()].dropna().index)).to_numpy()
         src = (sd["source_id"] if "source_id" in sd.columns else sd["sample_id"]).astype(str)
         pct = np.array([edits.get((ds, x), np.nan) for x in src], np.float64)
         rng = edit_range(pct, edges)
@@ -828,7 +926,8 @@ def _dep_row(family, ds, det, defense, label, group, alpha, entry, condition=Non
 def _domain_rows(c, det, h, conds, alpha, t, tb, level, B, seed) -> list:
     "Per-domain thresholds (RAID's rule) and what the pooled threshold does in each domain."
     ds, defense, orig = c["dataset"], c["defense"], c["orig"]
-    hdom = _facts(c["hum_rows"][c["hum_rows"]["condition"] == orig], "domain", c["hum_ok"].index, "")
+    _, hid, idx_h = human_scores(c, det)
+    hdom = _facts(c["hum_rows"][c["hum_rows"]["condition"] == orig], "domain", hid, "")
     adom = {u: _facts(c["ai"], "domain", u, "") for u in c["groups"]}
     domains = sorted({str(d) for d in hdom} | {str(d) for v in adom.values() for d in v})
     if len(domains) < 2: return []
@@ -838,7 +937,7 @@ def _domain_rows(c, det, h, conds, alpha, t, tb, level, B, seed) -> list:
         hd = h[m]
         e = {"n_human": int(m.sum())}
         e.update(_summarise("fpr_human_pooled", float((hd >= t).mean()) if len(hd) else np.nan,
-                            masked_rate_rows(h, c["idx_h"], m, tb), level))
+                            masked_rate_rows(h, idx_h, m, tb), level))
         own = len(hd) >= need
         if own:
             ih = _resample(len(hd), B, seed, ds, defense, "human", "domain", d)
@@ -868,14 +967,15 @@ def _length_rows(c, det, h, conds, alpha, t, tb, edges, labels, level, B, first:
     ds, defense, orig = c["dataset"], c["defense"], c["orig"]
     hrows = c["hum_rows"][(c["hum_rows"]["condition"] == orig) & (c["hum_rows"]["detector_name"] == det)]
     if "len_tokens_out" not in hrows.columns: return []
-    hb = length_bin(_facts(hrows, "len_tokens_out", c["hum_ok"].index).astype(np.float64), edges)
-    Hb = h[c["idx_h"]]
+    _, hid, idx_h = human_scores(c, det)
+    hb = length_bin(_facts(hrows, "len_tokens_out", hid).astype(np.float64), edges)
+    Hb = h[idx_h]
     rows = []
     for k, lab in enumerate(labels):
         mh = hb == k
         if not mh.any(): continue
         e = {"n_human": int(mh.sum())}
-        e.update(_summarise("fpr_human", float((h[mh] >= t).mean()), masked_rate_rows(h, c["idx_h"], mh, tb), level))
+        e.update(_summarise("fpr_human", float((h[mh] >= t).mean()), masked_rate_rows(h, idx_h, mh, tb), level))
         rows.append(_dep_row("length", ds, det, defense, "human", lab, alpha, e))
     for cond, (a, ia) in conds.items():
         u = next(u for u, cs in c["groups"].items() if cond in cs)
@@ -896,27 +996,27 @@ def _length_rows(c, det, h, conds, alpha, t, tb, edges, labels, level, B, first:
             if first and mh.any():   # AUROC does not depend on the FPR target: once
                 with np.errstate(invalid="ignore"):
                     auc = auroc_rows(np.where(mh, h, np.nan), np.where(valid, a, np.nan))[0]
-                    auc_b = auroc_rows(np.where(mh[c["idx_h"]], Hb, np.nan), np.where(ma[ia], Ab, np.nan))
+                    auc_b = auroc_rows(np.where(mh[idx_h], Hb, np.nan), np.where(ma[ia], Ab, np.nan))
                 e.update(_summarise("auc", auc, auc_b, level))
             rows.append(_dep_row("length", ds, det, defense, "ai", lab, alpha, e, cond))
     return rows
 
 def _transfer_rows(sets: list, calibrate_on: str, level) -> list:
     "Thresholds fitted on one dataset's humans applied to every dataset of the run (same detector and defense)."
-    by = {(c["dataset"], c["defense"]): c for c in sets if len(c["hum_ok"])}
+    by = {(c["dataset"], c["defense"]): c for c in sets if c["calibrated"]}
     rows = []
     for (C, defense), cc in sorted(by.items()):
         for (E, d2), ce in sorted(by.items()):
             if d2 != defense: continue
             same = C == E
-            for det in sorted(set(cc["dets"]) & set(ce["dets"])):
-                hc, he = cc["hum_ok"][det].to_numpy(np.float64), ce["hum_ok"][det].to_numpy(np.float64)
+            for det in sorted(set(cc["calibrated"]) & set(ce["calibrated"])):   # each dataset's own calibration texts
+                (hc, _, ihc), (he, _, ihe) = human_scores(cc, det), human_scores(ce, det)
                 conds = condition_scores(ce, det) if C == calibrate_on else {}
                 for alpha in cc["fpr_targets"]:
-                    t, tb = threshold_at_fpr(hc, alpha), threshold_at_fpr(hc[cc["idx_h"]], alpha)
+                    t, tb = threshold_at_fpr(hc, alpha), threshold_at_fpr(hc[ihc], alpha)
                     e = {"n_human": int(len(he)), "threshold": float(t), "calibrated_on": C, "n_human_calibration": int(len(hc))}
                     e.update(_summarise("fpr_realised", float((he >= t).mean()),
-                                        tpr_rows(he[ce["idx_h"]], tb), level))   # C = E: the same resample as the threshold's
+                                        tpr_rows(he[ihe], tb), level))   # C = E: the same resample as the threshold's
                     rows.append(_dep_row("transfer", E, det, defense, "human", f"calibrated on {C}", alpha, e))
                     for cond, (a, ia) in conds.items():
                         tp, tp_b = tpr_rows(a, [t])[0], tpr_rows(a[ia], tb)
@@ -934,11 +1034,10 @@ def compute_deployment(scores, cfg: dict) -> list:
     for c in calibration_sets(scores, cfg):
         c["fpr_targets"] = list(cfg["fpr_targets"])
         sets.append(c)
-        if len(c["hum_ok"]) == 0: continue
-        for det in c["dets"]:
-            h, conds = c["hum_ok"][det].to_numpy(np.float64), condition_scores(c, det)
+        for det in c["calibrated"]:
+            (h, _, idx_h), conds = human_scores(c, det), condition_scores(c, det)
             for j, alpha in enumerate(cfg["fpr_targets"]):
-                t, tb = threshold_at_fpr(h, alpha), threshold_at_fpr(h[c["idx_h"]], alpha)
+                t, tb = threshold_at_fpr(h, alpha), threshold_at_fpr(h[idx_h], alpha)
                 rows += _domain_rows(c, det, h, conds, alpha, t, tb, level, B, seed)
                 rows += _length_rows(c, det, h, conds, alpha, t, tb, edges, labels, level, B, j == 0)
     if len({c["dataset"] for c in sets}) >= 2: rows += _transfer_rows(sets, cfg.get("calibrate_on") or "", level)
@@ -1106,6 +1205,7 @@ def metrics_json_from_table(t) -> dict:
                 if isinstance(r.aggregate, str): e["n_detectors"] = int(r.n_detectors)
                 elif r.label == "human": e.update(n_human_edited=int(r.n_human), n_invalid=int(r.n_invalid))
                 else: e.update(n_human=int(r.n_human), n_ai=int(r.n_ai), n_ai_invalid=int(r.n_invalid))
+                if isinstance(r.detail, str): e.update(_json.loads(r.detail))   # a failed detector's status and reason, a note
             k = _join_key(r.metric, r.fpr_target)
             e[k] = float(r.value)
             if r.has_ci: e.update({f"{k}_mean": float(r.boot_mean), f"{k}_ci_low": float(r.ci_low), f"{k}_ci_high": float(r.ci_high)})
@@ -1118,13 +1218,16 @@ RESULT_FILES = {
                        "n_detectors, higher_is_better, detail; every file below but quality is a view of it",
     "metrics.json": "spec §10.3, written from metrics.parquet: dataset -> detector | 'mean' (over detectors) -> condition -> "
                     "{label, defense, counts, auc, tpr1, tpr1_orig, asr, delta_tpr1, threshold1, fpr1_human or flag_rate1, each "
-                    "number with _mean, _ci_low, _ci_high}",
+                    "number with _mean, _ci_low, _ci_high}; a detector with no valid human text to calibrate on (setting valid_set): "
+                    "the same keys, numbers null, with status 'failed' and its reason",
     "thresholds.json": "dataset -> detector -> defense -> 'fpr=<alpha>' -> {threshold, fpr_target, fpr_achieved, n_human, "
-                       "n_human_invalid, resolved, note}",
+                       "n_human_invalid, resolved, note}; with nothing to calibrate on, defense -> {threshold null, n_human 0, "
+                       "n_human_invalid, note, status 'failed', reason}",
     "metrics_shield.json": "{meta, datasets: dataset -> detector -> {conditions: condition -> W-AUROC, Youden FPR/TPR/J; families: "
                            "family (attacks, llms_within_style:<style>, styles_per_llm:<llm>) -> SFD, mean AUROC and W-AUROC, URSS over its "
                            "scenarios}}",
-    "metrics_tau.json": "{meta, datasets: dataset -> detector | 'max' (over detectors) -> condition -> tau (+CI), risk, two-sided and "
+    "metrics_tau.json": "{meta, datasets: dataset -> detector | 'max' (over detectors, on the texts valid for all of them: n_human, "
+                        "n_ai) -> condition -> tau (+CI), risk, two-sided and "
                         "cross-validated tau; table2: the statistical Turing test's Table 2 (tau per detector x dataset x condition, "
                         "Max over datasets, Average over detectors, Avg. gap to m0)}",
     "metrics_apt.json": "{meta, datasets: dataset -> detector -> condition -> {polish, level, source, defense, by_polisher: polisher | "
@@ -1223,6 +1326,31 @@ def _md_tex(title: str, head: list, rows: list, notes: list) -> tuple:
     md, tex = md_tex(pd.DataFrame(rows, columns=head))
     return "\n".join([f"## {title}", "", md] + ([""] + notes if notes else [])) + "\n", f"% {title}\n" + tex
 
+# %% ../nbs/30_calibration_metrics.ipynb #a01a9ff9
+def detector_validity(t, ds: str, defense: str = "none") -> dict:
+    """detector -> {status, reason, n_human, n_human_invalid, n_ai, n_ai_invalid} on dataset `ds` under `defense`, read from
+    the `main` rows of the long table: its human calibration texts and its original AI texts, with and without a valid
+    score; `failed` (no calibration) with the reason its invalid rows record."""
+    m = t[(t["family"] == "main") & (t["dataset"] == ds) & t["aggregate"].isna() & (t["defense"] == defense)]
+    orig = "m0" if defense == "none" else f"m0+{defense}"
+    first = lambda x, col: int(x[col].dropna().iloc[0]) if x[col].notna().any() else 0
+    out = {}
+    for det, g in m.groupby("detector", sort=False):
+        cal, ai = g[g["condition"].isna()], g[(g["condition"] == orig) & (g["label"] == "ai")]
+        d = next((_json.loads(x) for x in cal["detail"] if isinstance(x, str)), {})
+        out[det] = {"status": d.get("status", "ok"), "reason": d.get("reason", ""), "n_human": first(cal, "n_human"),
+                    "n_human_invalid": first(cal, "n_invalid"), "n_ai": first(ai, "n_ai"), "n_ai_invalid": first(ai, "n_invalid")}
+    return out
+
+def validity_note(t, ds: str, defense: str = "none") -> str:
+    "A table's line: each detector's valid / invalid texts on `ds` under `defense` (`detector_validity`), a failed one with its reason."
+    v = detector_validity(t, ds, defense)
+    if not v: return ""
+    say = lambda d, x: (f"{d} {x['n_human']} / {x['n_human_invalid']} human, {x['n_ai']} / {x['n_ai_invalid']} AI"
+                        + (f", **failed** (no metrics): {x['reason']}" if x["status"] == "failed" else ""))
+    return (f"**Texts per detector** ({ds}, defense {defense}; valid / invalid scores of the human calibration texts and of "
+            f"the original AI texts): " + "; ".join(say(d, x) for d, x in v.items()) + ".")
+
 # %% ../nbs/30_calibration_metrics.ipynb #7c5d54bf
 def _cond_order(c: str) -> tuple: return ("+" in c, c != "m0" and not c.startswith("m0+"), c)
 
@@ -1277,10 +1405,14 @@ def _tau_tables(T: dict) -> list:
         for c in conds:
             mx = dd.get("max", {}).get(c, {})
             rows.append([c] + [_f(dd[d].get(c, {}).get("tau")) for d in dets] +
-                        [_f(mx.get("tau")), str(mx.get("detector") or "–"), _f(mx.get("tau_two_sided")), _f(mx.get("tau_cv"))])
-        out.append(_md_tex(f"{ds}: τ-undetectability (π = 0.5, 0–1 loss)", ["Condition"] + dets + ["max τ", "argmax", "max τ two-sided", "max τ CV"], rows,
+                        [_f(mx.get("tau")), str(mx.get("detector") or "–"), _f(mx.get("tau_two_sided")), _f(mx.get("tau_cv")),
+                         f"{mx.get('n_human', '–')} / {mx.get('n_ai', '–')}"])
+        out.append(_md_tex(f"{ds}: τ-undetectability (π = 0.5, 0–1 loss)", ["Condition"] + dets + ["max τ", "argmax", "max τ two-sided", "max τ CV",
+                                                                                                 "max τ texts (human / AI)"], rows,
                            [f"τ = 1 − R(h*)/R(chance) = max_t TPR − FPR over thresholds on one detector's score (human originals vs the condition's AI texts); "
-                            f"lower = less detectable. CV: {T['meta']['cv_folds']} folds grouped by source id, threshold fitted out of fold."]))
+                            f"lower = less detectable. CV: {T['meta']['cv_folds']} folds grouped by source id, threshold fitted out of fold. "
+                            "Max τ compares the detectors: every one of them on the texts valid for all of them (max τ texts); a "
+                            "detector's own column, on its own valid texts."]))
     t2 = T.get("table2") or {}
     if t2.get("transformations"):   # the paper's Table 2: transformations x (context, machine), Max over contexts, Average, Avg. gap
         ctx, ms, tau = t2["contexts"], t2["machines"], t2["tau"]
@@ -1509,18 +1641,23 @@ def _deployment_tables(t) -> dict:
 
 # %% ../nbs/30_calibration_metrics.ipynb #554dc4de
 def extra_tables(out_dir) -> list:
-    "Write tables/table_{shield,tau,apt,beemo,fpr_transfer,domain,length}.{md,tex} for each analysis present in `out_dir`; return the paths."
+    """Write tables/table_{shield,tau,apt,beemo,fpr_transfer,domain,length}.{md,tex} for each analysis present in `out_dir`,
+    each with every detector's valid / invalid texts (`validity_note`); return the paths."""
     from stealth_eval.core import atomic_write_text, read_json
     out, written = Path(out_dir), []
+    t = pd.read_parquet(out / "metrics.parquet") if (out / "metrics.parquet").exists() else None
+    main = t[t["family"] == "main"].dropna(subset=["dataset", "defense"]) if t is not None else t
+    pairs = sorted(set(zip(main["dataset"], main["defense"])), key=lambda p: (p[0], p[1] != "none", p[1])) if t is not None else []
+    counts = [validity_note(t, ds, defense) for ds, defense in pairs]
+    def write(name, parts):
+        written.append(atomic_write_text(out / "tables" / f"{name}.md", "\n".join(md for md, _ in parts) + "".join(f"\n{x}\n" for x in counts)))
+        written.append(atomic_write_text(out / "tables" / f"{name}.tex", "\n".join([tex for _, tex in parts] + [f"% {x}" for x in counts])
+                                         + ("\n" if counts else "")))
     for src, name, fn in (("metrics_shield.json", "table_shield", _shield_tables), ("metrics_tau.json", "table_tau", _tau_tables),
                           ("metrics_apt.json", "table_apt", _apt_tables), ("metrics_beemo.json", "table_beemo", _beemo_tables)):
         if not (out / src).exists(): continue
         parts = fn(read_json(out / src))
-        if not parts: continue
-        written.append(atomic_write_text(out / "tables" / f"{name}.md", "\n".join(md for md, _ in parts)))
-        written.append(atomic_write_text(out / "tables" / f"{name}.tex", "\n".join(tex for _, tex in parts)))
-    if (out / "metrics.parquet").exists():   # the deployment views: rows of the long table
-        for name, parts in _deployment_tables(pd.read_parquet(out / "metrics.parquet")).items():
-            written.append(atomic_write_text(out / "tables" / f"{name}.md", "\n".join(md for md, _ in parts)))
-            written.append(atomic_write_text(out / "tables" / f"{name}.tex", "\n".join(tex for _, tex in parts)))
+        if parts: write(name, parts)
+    if t is not None:   # the deployment views: rows of the long table
+        for name, parts in _deployment_tables(t).items(): write(name, parts)
     return written

@@ -149,6 +149,8 @@ def headline(out: Path) -> str:
         for c, v in sorted(dd.get("mean", {}).items(), key=lambda kv: (kv[1]["defense"] != "none", kv[0])):
             f3 = lambda x: "–" if x is None else f"{x:.3f}"   # None: undefined on a tiny sample (e.g. no CI)
             lines.append(f"  {c:34s} TPR {f3(v['tpr1'])} [{f3(v['tpr1_ci_low'])}, {f3(v['tpr1_ci_high'])}]  AUROC {f3(v['auc'])}")
+        failed = {d: e["reason"] for d, cc in dd.items() if d != "mean" for e in cc.values() if e.get("status") == "failed"}
+        for d, why in failed.items(): lines.append(f"  failed (no metrics, left out of the mean): {d}: {why}")
     lines.append(f"artifacts: {out}/ (tables/, figures/, metrics.json, scores.parquet, quality.parquet, qual_examples.md; "
                  f"executed notebooks in notebooks/)")
     return "\n".join(lines)
@@ -338,6 +340,7 @@ def explorer_data(run_dir, dataset: str, detector: str, condition: str, n_exampl
     import pandas as pd
     from stealth_eval.components import unedited
     from stealth_eval.figures import roc_curve
+    from stealth_eval.metrics import calibration_humans, valid_set
     run = Path(run_dir)
     scores = pd.read_parquet(run / "scores.parquet") if scores is None else scores
     m = read_json(run / "metrics.json")[dataset][detector][condition]
@@ -345,7 +348,9 @@ def explorer_data(run_dir, dataset: str, detector: str, condition: str, n_exampl
     defense = s.loc[s["condition"] == condition, "defense"].iloc[0] if (s["condition"] == condition).any() else "none"
     s = s[s["defense"] == defense]                 # the condition's defense column, not its name
     hum = s[(s["label"] == "human") & unedited(s, defense)]
-    hum = hum.pivot_table(index="sample_id", columns="detector_name", values="detector_score_ai", aggfunc="first").dropna()
+    hum = hum.pivot_table(index="sample_id", columns="detector_name", values="detector_score_ai", aggfunc="first", dropna=False)
+    shared = valid_set(read_json(run / "config.json") if (run / "config.json").exists() else {}) == "shared"
+    hum = calibration_humans(hum, shared)                  # the detector's calibration texts, as the metrics stage chose them
     h = hum[detector].to_numpy(np.float64) if detector in hum else np.array([])
     a_rows = s[(s["label"] == "ai") & (s["condition"] == condition) & (s["detector_name"] == detector)]
     a_rows = a_rows[a_rows["detector_score_ai"].notna()].sort_values(["detector_score_ai", "sample_id"])

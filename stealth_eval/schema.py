@@ -478,6 +478,11 @@ class Settings(Section):
     ci_level: float = setting(0.95, "confidence level", "unit")
     calibrate_on: str = setting("", "a dataset of the run whose human texts fit the thresholds applied to every dataset (the "
                                  "transfer view's TPR and ASR; '' = each dataset's own; the realised-FPR grid is always computed)")
+    valid_set: str = setting("per_detector", "the texts each detector's calibration, metrics and CIs use: per_detector (those "
+                             "valid for that detector: one detector's failures leave the others' numbers as they are) or shared "
+                             "(the unedited human texts valid for every detector that has any); comparisons across detectors "
+                             "always use the texts valid for every detector compared", choices="per_detector|shared",
+                             allowed="per_detector or shared")
     length_bins: list[int] = setting([0, 128, 256, 512, 1024], "token edges of the length strata, increasing (the last bin "
                                      "is open-ended)", "count0", nonempty=True)
     beemo_edit_bins: list[float] = setting([0, 10, 20, 40, 60, 80, 90, 100], "Beemo Fig. 4: edges of the expert edit-percentage "

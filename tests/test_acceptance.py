@@ -95,18 +95,22 @@ def tpr(a, t):
     return float((a >= t).mean())
 
 
-def direct_mean_tpr(scores, cond, dets, alpha, B, seed):
+def direct_mean_tpr(scores, cond, dets, alpha, B, seed, common=()):
     """Mean TPR over `dets` of `cond` from the definitions (threshold rule, TPR over valid texts) and its bootstrap draws
-    with the resample indices regenerated from the documented seed rule (tests/test_metrics.py)."""
+    with the resample indices regenerated from the documented seed rule (tests/test_metrics.py); `common`: read only the
+    AI texts every one of these detectors scored (a comparison across detectors)."""
     s = scores[(scores["candidate_rank"] == 0) & (scores["defense"] == "none")]
     hum_ids = sorted(s.loc[s["label"] == "human", "sample_id"].unique())
     ai_ids = sorted(s.loc[(s["label"] == "ai") & (s["condition"] == "m0"), "sample_id"].unique())
+    x = s[(s["condition"] == cond) & s["detector_name"].isin(common)]
+    gone = set(x.loc[x["detector_score_ai"].isna(), "sample_id"])
     ih = seed_rule(len(hum_ids), B, seed, "syn", "none", "human")
     ia = seed_rule(len(ai_ids), B, seed, "syn", "none", "ai", stable_hash(list(ai_ids)))
     pts, draws = [], []
     for d in dets:
         h = s[(s["label"] == "human") & (s["detector_name"] == d)].set_index("sample_id")["detector_score_ai"].reindex(hum_ids).to_numpy()
-        a = s[(s["condition"] == cond) & (s["detector_name"] == d)].set_index("sample_id")["detector_score_ai"].reindex(ai_ids).to_numpy()
+        a = s[(s["condition"] == cond) & (s["detector_name"] == d)].set_index("sample_id")["detector_score_ai"].reindex(ai_ids)
+        a = a.where(~a.index.isin(gone)).to_numpy()
         pts.append(tpr(a, threshold(h, alpha)))
         draws.append([tpr(a[ia[b]], threshold(h[ih[b]], alpha)) for b in range(B)])
     return float(np.mean(pts)), np.mean(np.array(draws), axis=0)
@@ -119,14 +123,16 @@ def test_held_out_vs_in_reward_equals_a_direct_computation():
     r = rows["m2:N=4"]
     assert (r["in_reward"], r["held_out"], r["unmeasured"]) == (sorted(REWARD), HELD_OUT, [])
     B, level = CFG["n_bootstrap"], CFG["ci_level"]
-    ho, ho_d = direct_mean_tpr(sc, "m2:N=4", HELD_OUT, 0.01, B, CFG["seed"])
-    ir, ir_d = direct_mean_tpr(sc, "m2:N=4", sorted(REWARD), 0.01, B, CFG["seed"])
+    # both groups on the texts every detector compared scored: rank could not score 5 of the 50 attacked texts
+    ho, ho_d = direct_mean_tpr(sc, "m2:N=4", HELD_OUT, 0.01, B, CFG["seed"], common=DETS)
+    ir, ir_d = direct_mean_tpr(sc, "m2:N=4", sorted(REWARD), 0.01, B, CFG["seed"], common=DETS)
     lo, hi = np.percentile(ho_d - ir_d, [50 * (1 - level), 100 - 50 * (1 - level)])
     assert r["held_out_tpr"]["value"] == pytest.approx(ho, abs=1e-12) and r["in_reward_tpr"]["value"] == pytest.approx(ir, abs=1e-12)
     assert r["difference"]["value"] == pytest.approx(ho - ir, abs=1e-12)
     assert (r["difference"]["ci_low"], r["difference"]["ci_high"]) == pytest.approx((lo, hi), abs=1e-12)
     assert r["difference"]["ci_low"] > 0                               # by construction the reward detectors drop more
-    assert (r["n_human"], r["n_ai"]) == (120, 50)
+    assert (r["n_human"], r["n_ai"], r["texts"]) == (120, 45, "valid for every detector compared")
+    assert ir != direct_mean_tpr(sc, "m2:N=4", sorted(REWARD), 0.01, B, CFG["seed"])[0]   # on their own 50 texts: another number
     # one detector's TPR is its metrics.parquet row: the same thresholds, the same resamples
     m, _ = M.compute_metrics(sc, CFG)
     c = next(c for c in M.calibration_sets(sc, CFG) if c["defense"] == "none")

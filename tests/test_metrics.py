@@ -57,9 +57,11 @@ def ref_summary(name, point, draws, level):
 
 
 def ref_metrics(scores, cfg):
-    "metrics.json and thresholds.json recomputed with loops (one FPR target, the 1% key names)."
+    """metrics.json and thresholds.json recomputed with loops (one FPR target, the 1% key names); a detector without a
+    valid human text is left out (the library reports it failed: tested on its own)."""
     (alpha,) = cfg["fpr_targets"]
     B, level, seed = cfg["n_bootstrap"], cfg["ci_level"], cfg["seed"]
+    shared = cfg.get("valid_set", "per_detector") == "shared"
     s = scores[scores["candidate_rank"] == 0]
     out, thr = {}, {}
     for ds in sorted(s["dataset"].unique()):
@@ -71,9 +73,15 @@ def ref_metrics(scores, cfg):
             orig = "m0" if defense == "none" else f"m0+{defense}"
             score = {(r.detector_name, r.label, r.condition, r.sample_id): r.detector_score_ai for r in x.itertuples()}
             hum_ids = sorted(set(x.loc[(x["label"] == "human") & (x["condition"] == orig), "sample_id"]))
-            ok_ids = [i for i in hum_ids if all(not math.isnan(score.get((d, "human", orig, i), math.nan)) for d in dets)]
-            if not ok_ids: continue
-            ih = seed_rule(len(ok_ids), B, seed, ds, defense, "human")
+            valid = lambda d, i: not math.isnan(score.get((d, "human", orig, i), math.nan))
+            scored = [d for d in dets if any(valid(d, i) for i in hum_ids)]
+            shared_ids = [i for i in hum_ids if all(valid(d, i) for d in scored)]
+            # a detector's calibration texts: its own valid ones (valid_set=per_detector) or the shared set; the resample
+            # key names the texts unless they are all the unedited human texts (or the shared set)
+            own = {d: shared_ids if shared else [i for i in hum_ids if valid(d, i)] for d in scored}
+            own = {d: ids for d, ids in own.items() if ids}
+            if not own: continue
+            draw = lambda ids: seed_rule(len(ids), B, seed, ds, defense, "human", *(() if shared or len(ids) == len(hum_ids) else (stable_hash(ids),)))
             ai = x[x["label"] == "ai"]
             base = sorted(set(ai.loc[ai["condition"] == orig, "sample_id"]))
             conds = sorted(set(ai["condition"]), key=lambda c: (c.split(":")[0], c))
@@ -83,7 +91,8 @@ def ref_metrics(scores, cfg):
                 ids_of[c] = base if ic <= set(base) else sorted(ic)
             hconds = sorted(set(x.loc[x["label"] == "human", "condition"]) - {orig})
             per_det = {}
-            for d in dets:
+            for d in own:
+                ok_ids, ih = own[d], draw(own[d])
                 h = np.array([score[(d, "human", orig, i)] for i in ok_ids])
                 t = ref_threshold(h, alpha)
                 tb = [ref_threshold(h[ih[b]], alpha) for b in range(B)]
@@ -185,15 +194,18 @@ def synthetic_scores(seed=3):
 CFG_SYN = {"seed": 11, "n_bootstrap": 60, "ci_level": 0.95, "fpr_targets": [0.01]}
 
 
-def test_metrics_recomputed_synthetic():
+@pytest.mark.parametrize("valid_set", ["per_detector", "shared"])
+def test_metrics_recomputed_synthetic(valid_set):
     "compute_metrics equals the loop implementation on a synthetic table with ties, NaN, edited texts and two defenses."
-    sc = synthetic_scores()
-    got_m, got_t = M.compute_metrics(sc, CFG_SYN)
-    ref_m, ref_t = ref_metrics(sc, CFG_SYN)
+    sc, cfg = synthetic_scores(), {**CFG_SYN, "valid_set": valid_set}
+    got_m, got_t = M.compute_metrics(sc, cfg)
+    ref_m, ref_t = ref_metrics(sc, cfg)
     assert_same(roundtrip(got_m), roundtrip(ref_m))
     assert_same(roundtrip(got_t), roundtrip(ref_t))
-    # sanity of the example itself: invalid human text dropped, invalid outputs counted, unresolved small dataset
-    assert got_t["alpha"]["d1"]["none"]["fpr=0.01"]["n_human"] == 129
+    # sanity of the example itself: an invalid human text dropped (for d2 only, or for both in the shared set), invalid
+    # outputs counted, unresolved small dataset
+    assert got_t["alpha"]["d1"]["none"]["fpr=0.01"]["n_human"] == (130 if valid_set == "per_detector" else 129)
+    assert got_t["alpha"]["d2"]["none"]["fpr=0.01"]["n_human"] == 129
     assert got_m["alpha"]["d1"]["m5:homoglyph_p=0.01"]["n_ai_invalid"] == 6
     assert got_t["beta"]["d2"]["none"]["fpr=0.01"]["resolved"] is False
     assert got_m["alpha"]["d1"]["m0:polish:degree=minor"]["label"] == "human"
@@ -219,6 +231,84 @@ def test_metrics_json_of_the_shared_tiny_run(tiny_run):
     ref_m, _ = ref_metrics(pd.read_parquet(out / "scores.parquet"), cfg)
     assert_same(json.loads((out / "metrics.json").read_text()), roundtrip(ref_m))
     for f in ("metrics_shield.json", "metrics_tau.json"): assert (out / f).exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# One detector's failures never erase another detector's metrics (#37)
+# ---------------------------------------------------------------------------------------------------------------------
+
+def failing_detectors(sc):
+    """`sc` with d3, a detector with no valid score on any text (an API outage), and d2 scoring only one text in eight
+    (its other rows invalid, with their reasons), as the detector stage writes them."""
+    d3 = sc[sc["detector_name"] == "d1"].assign(detector_name="d3", detector_score_raw=math.nan, detector_score_ai=math.nan,
+                                                valid=False, fail_reason="HTTP 503 after 5 attempts")
+    sc = pd.concat([sc, d3], ignore_index=True)
+    few = (sc["detector_name"] == "d2") & (sc["sample_id"].str[1:].astype(int) % 8 != 0)
+    sc.loc[few, ["detector_score_raw", "detector_score_ai"]] = math.nan
+    sc.loc[few, ["valid", "fail_reason"]] = [False, "too short for the API"]
+    return sc
+
+
+def without(sc, *dets): return sc[~sc["detector_name"].isin(dets)]
+
+
+def test_one_detectors_failures_never_erase_anothers_metrics():
+    """d3 fails on every text and d2 on seven in eight: d1's numbers are those of a run without them, d2's rest on its
+    own valid texts (the loop implementation), d3 is reported failed with its reason, the mean is over d1 and d2, and
+    the max over detectors of tau compares them on the texts valid for both. No analysis stops on the failures."""
+    base = synthetic_scores()
+    sc = failing_detectors(base)
+    m, t = M.compute_metrics(sc, CFG_SYN)
+    m1, t1 = M.compute_metrics(without(sc, "d2", "d3"), CFG_SYN)
+    for ds in ("alpha", "beta"):
+        assert m[ds]["d1"] == m1[ds]["d1"] and t[ds]["d1"] == t1[ds]["d1"]         # as if d2 and d3 were not there
+    ref_m, ref_t = ref_metrics(without(sc, "d3"), CFG_SYN)
+    assert_same(roundtrip(m["alpha"]["d2"]), roundtrip(ref_m["alpha"]["d2"]))       # on its own 17 of 130 human texts
+    assert_same(roundtrip(t["alpha"]["d2"]), roundtrip(ref_t["alpha"]["d2"]))
+    assert (t["alpha"]["d2"]["none"]["fpr=0.01"]["n_human"], t["alpha"]["d2"]["none"]["fpr=0.01"]["n_human_invalid"]) == (17, 113)
+    assert (m["alpha"]["d2"]["m0"]["n_ai"], m["alpha"]["d2"]["m0"]["n_ai_invalid"]) == (5, 35)
+    n3a = int(((sc["detector_name"] == "d3") & (sc["dataset"] == "alpha") & (sc["candidate_rank"] == 0)).sum())
+    why = f"no valid score on any of its {n3a} scored texts: HTTP 503 after 5 attempts ({n3a})"
+    for defense in ("none", "sanitize"):
+        assert t["alpha"]["d3"][defense] == {"threshold": None, "n_human": 0, "n_human_invalid": 130, "note":
+                                             "no valid unedited human text: nothing to calibrate on", "status": "failed", "reason": why}
+    assert set(m["alpha"]["d3"]) == set(m["alpha"]["d1"])                          # every condition, reported
+    for cond, e in m["alpha"]["d3"].items():
+        assert (e["status"], e["reason"]) == ("failed", why) and set(e) - {"status", "reason"} == set(m["alpha"]["d1"][cond])
+        assert all(math.isnan(v) for k, v in e.items() if isinstance(v, float))
+    mean = m["alpha"]["mean"]["m0"]
+    assert mean["n_detectors"] == 2 and mean["note"] == "without d3 (no calibration: see its reason)"
+    assert mean["tpr1"] == pytest.approx((m["alpha"]["d1"]["m0"]["tpr1"] + m["alpha"]["d2"]["m0"]["tpr1"]) / 2, abs=1e-12)
+    # metrics.json is written from the long table: the status and reason survive it
+    j = M.metrics_json_from_table(M.metrics_long(sc, m, t))
+    assert roundtrip(j) == roundtrip(m)
+    # the other analyses run; a detector's own numbers do not move, the max of tau compares d1 and d2 on their common texts
+    T = M.compute_tau(sc, CFG_SYN)["datasets"]["alpha"]
+    T1 = M.compute_tau(without(sc, "d2", "d3"), CFG_SYN)["datasets"]["alpha"]
+    assert T["d1"] == T1["d1"] and "d3" not in T
+    mx = T["max"]["m5:homoglyph_p=0.01"]
+    assert (mx["n_detectors"], mx["n_human"], mx["n_ai"], mx["texts"]) == (2, 17, 4, "valid for every detector compared")
+    assert T["d1"]["m5:homoglyph_p=0.01"]["n_ai"] == 34 and T["d2"]["m5:homoglyph_p=0.01"]["n_ai"] == 4   # each on its own
+    S = M.compute_shield(sc, CFG_SYN)["datasets"]["alpha"]
+    assert S["d1"] == M.compute_shield(without(sc, "d2", "d3"), CFG_SYN)["datasets"]["alpha"]["d1"] and "d3" not in S
+    assert M.compute_apt(sc, CFG_SYN)["datasets"]["alpha"]["d1"] == M.compute_apt(without(sc, "d2", "d3"), CFG_SYN)["datasets"]["alpha"]["d1"]
+    assert M.compute_beemo(sc, CFG_SYN)["datasets"]["alpha"]["d1"] == M.compute_beemo(without(sc, "d2", "d3"), CFG_SYN)["datasets"]["alpha"]["d1"]
+    dep = [r for r in M.compute_deployment(sc, {**CFG_SYN, "length_bins": [0, 5, 20]}) if r["detector"] == "d1"]
+    assert dep == [r for r in M.compute_deployment(without(sc, "d2", "d3"), {**CFG_SYN, "length_bins": [0, 5, 20]}) if r["detector"] == "d1"]
+
+
+def test_shared_valid_set_is_the_texts_every_scoring_detector_has():
+    """valid_set=shared: every detector calibrated on the human texts valid for every detector that scored one (d3, with
+    none, left out of that set and reported failed): d1's and d2's numbers are those of a run without d3, on d2's 17 valid
+    human texts (the loop implementation)."""
+    sc = failing_detectors(synthetic_scores())
+    cfg = {**CFG_SYN, "valid_set": "shared"}
+    m, t = M.compute_metrics(sc, cfg)
+    assert t["alpha"]["d1"]["none"]["fpr=0.01"]["n_human"] == 17 and t["alpha"]["d3"]["none"]["status"] == "failed"
+    ref_m, ref_t = ref_metrics(without(sc, "d3"), cfg)
+    for d in ("d1", "d2"):
+        assert_same(roundtrip(m["alpha"][d]), roundtrip(ref_m["alpha"][d]))
+        assert_same(roundtrip(t["alpha"][d]), roundtrip(ref_t["alpha"][d]))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
