@@ -26,9 +26,9 @@ __all__ = ['DEVICE_PEAKS', 'PREFLIGHT_RUN', 'SMALL_LM', 'SMALL_LM_KEYS', 'LORA_S
            'time_budget', 'run_step', 'measure_device', 'device_hw', 'versions', 'paper_stand_ins', 'build_models',
            'preflight_config', 'preflight_texts', 'prefill_work', 'decode_bytes', 'plain_logprobs', 'plain_classify',
            'plain_embed', 'plain_generate', 'random_lora_adapter', 'executed_lengths', 'measure_path', 'measure_paths',
-           'run_notebooks', 'measured_rates', 'predict_paper', 'prediction_at_measured_rates', 'preflight',
-           'preflight_report', 'source_imports', 'notebook_imports', 'required_distributions', 'check_wheels',
-           'import_check', 'tree_bytes', 'build_wheels', 'preflight_main', 'wheels_main']
+           'run_notebooks', 'measured_rates', 'predict_paper', 'prediction_at_measured_rates', 'preflight_prediction',
+           'preflight', 'preflight_report', 'source_imports', 'notebook_imports', 'required_distributions',
+           'check_wheels', 'import_check', 'tree_bytes', 'build_wheels', 'preflight_main', 'wheels_main']
 
 # %% ../nbs/09_preflight.ipynb #a6c71d72
 DEVICE_PEAKS = {   # data-sheet figures: dense bf16 tensor-core TFLOP/s (no sparsity), float32 TFLOP/s (no TF32), memory TB/s
@@ -600,6 +600,14 @@ def prediction_at_measured_rates(path) -> dict:
     except (KeyError, TypeError, ValueError) as e:
         raise StealthEvalError(f"{p}: a measured path lacks a field the rates need ({type(e).__name__}: {e})") from e
     return {**predict_paper(rates, hw), "report": str(p), "started": rep.get("started"), "scale": rep.get("scale")}
+
+# %% ../nbs/09_preflight.ipynb #695d451b
+def preflight_prediction(cfg: dict) -> dict | None:
+    """The paper run (for the rehearsal report, `rehearsal.finish_rehearsal(measured=)`) priced at a preflight's measured rates: the report `rehearsal.preflight` names (checked when the
+    settings are read), else `preflight/preflight.json` beside the run's folder if there is one; None without a report."""
+    named = (cfg.get("rehearsal") or {}).get("preflight")
+    path = Path(named).expanduser() if named else Path(cfg.get("out_dir", "artifacts")).parent / "preflight" / "preflight.json"
+    return prediction_at_measured_rates(path) if named or path.is_file() else None
 
 # %% ../nbs/09_preflight.ipynb #297b3bc3
 BUDGETS = {   # seconds per step

@@ -25,8 +25,7 @@ __all__ = ['REAL_CONFIGS', 'STANDS_FOR', 'TOKENIZER_KIND', 'SCALES', 'CHAT_TEMPL
            'build_rehearsal_model', 'build_rehearsal_models', 'rehearsal_scale', 'rehearsal_config', 'banner',
            'watermark', 'mark_text_artifacts', 'StageMonitor', 'measure_models', 'param_split', 'flops_per_token',
            'attention_flops', 'weight_bytes', 'prefill_seconds', 'decode_seconds', 'sampling_seconds', 'paper_workload',
-           'predict_seconds', 'cpu_layer_rows', 'cost_section', 'preflight_prediction', 'rehearsal_report',
-           'finish_rehearsal']
+           'predict_seconds', 'cpu_layer_rows', 'cost_section', 'rehearsal_report', 'finish_rehearsal']
 
 # %% ../nbs/06_rehearsal.ipynb #c882805a
 REAL_CONFIGS = {
@@ -839,15 +838,6 @@ def cost_section(cfg: dict, model_rows: list, sizes: dict | None = None, hw: dic
               f"{fmt(c['ms_block'])} | {fmt(c['ms_head'])} | {fmt(c['ms_full'])} ({c['real_depth']}) | {fmt(c['h100_ms'], 4)} |" for c in cl]
     return L
 
-# %% ../nbs/06_rehearsal.ipynb #f59f4153
-def preflight_prediction(cfg: dict) -> dict | None:
-    """The paper run priced at a preflight's measured rates: the report `rehearsal.preflight` names (checked when the
-    settings are read), else `preflight/preflight.json` beside the run's folder if there is one; None without a report."""
-    from stealth_eval.preflight import prediction_at_measured_rates
-    named = (cfg.get("rehearsal") or {}).get("preflight")
-    path = Path(named).expanduser() if named else Path(cfg.get("out_dir", "artifacts")).parent / "preflight" / "preflight.json"
-    return prediction_at_measured_rates(path) if named or path.is_file() else None
-
 # %% ../nbs/06_rehearsal.ipynb #cce0ed57
 def _machine(cfg: dict) -> str:
     import os, platform, torch
@@ -858,7 +848,8 @@ def _machine(cfg: dict) -> str:
         return f"{p.name} ({p.total_memory / 2**30:.0f} GiB), torch {torch.__version__}"
     return f"CPU, {os.cpu_count()} cores ({platform.machine()}), torch {torch.__version__}"
 
-def rehearsal_report(info: dict, cfg: dict, model_rows: list, paper: dict | None = None) -> str:
+def rehearsal_report(info: dict, cfg: dict, model_rows: list, paper: dict | None = None,
+                     measured: dict | None = None) -> str:   # a preflight's rates (preflight.preflight_prediction)
     "rehearsal_report.md: the banner, the stage table, the per-model table and what the numbers mean."
     r = cfg.get("rehearsal") or {}
     st = info.get("stages", {})
@@ -894,11 +885,12 @@ def rehearsal_report(info: dict, cfg: dict, model_rows: list, paper: dict | None
                "layers": "- At the `layers` shapes every width, head count, vocabulary and position limit is real and only "
                          "the depth is 1-2 blocks: the per-block costs below scale to full depth; the sample sizes are a CPU's.",
                }.get(r.get("scale"), "- At full shapes the per-model figures are the real models' costs on this machine.")]
-    lines += [""] + cost_section(cfg, model_rows, paper=paper, measured=preflight_prediction(cfg))
+    lines += [""] + cost_section(cfg, model_rows, paper=paper, measured=measured)
     return "\n".join(lines) + "\n"
 
 # %% ../nbs/06_rehearsal.ipynb #6fa73f21
-def finish_rehearsal(out, cfg: dict, info: dict, paper: dict | None = None) -> dict:   # paper: the paper profile's settings
+def finish_rehearsal(out, cfg: dict, info: dict, paper: dict | None = None,   # paper: the paper profile's settings
+                     measured: dict | None = None) -> dict:   # a preflight's rates (preflight.preflight_prediction)
     "After a rehearsal run: measure each model on the run's texts, write rehearsal_report.md, update `info`."
     out = Path(out)
     texts = []
@@ -910,5 +902,5 @@ def finish_rehearsal(out, cfg: dict, info: dict, paper: dict | None = None) -> d
     rows = measure_models(cfg, texts[:n]) if texts and (cfg.get("rehearsal") or {}).get("measure_models", True) else []
     info["rehearsal"] = True
     info["rehearsal_models"] = rows
-    atomic_write_text(out / "rehearsal_report.md", rehearsal_report(info, cfg, rows, paper))
+    atomic_write_text(out / "rehearsal_report.md", rehearsal_report(info, cfg, rows, paper, measured))
     return info

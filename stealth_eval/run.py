@@ -566,9 +566,11 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
                 info["finished"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
                 if mon:   # tokens/s and peak memory per model, rehearsal_report.md
                     from stealth_eval.config import PROFILES
+                    from stealth_eval.preflight import preflight_prediction
                     from stealth_eval.rehearsal import finish_rehearsal
                     write_json(out / "run_info.json", info)
-                    finish_rehearsal(out, cfg, info, paper=PROFILES["paper"].to_dict())   # the cost model's workload
+                    finish_rehearsal(out, cfg, info, paper=PROFILES["paper"].to_dict(),   # the cost model's workload
+                                     measured=preflight_prediction(cfg))                 # at a preflight's rates, if any
                 write_json(out / "run_info.json", info)
                 if finished: finished(out)
                 guard.check(where="after the last stage")
