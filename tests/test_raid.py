@@ -11,7 +11,20 @@ from stealth_eval.schema import Raid, Settings
 
 REF = Path(__file__).parent / "data" / "raid_reference"
 sys.path.insert(0, str(REF))
-from make_reference import fake_nlls   # the stand-in for GPT-2 the reference's ranked misspelling cases used
+from make_reference import FAKE_STOPWORDS, fake_fill_mask, fake_nlls, fake_pos_tag, fake_vector   # the reference's stand-ins
+
+import numpy as np
+
+
+def _cosine(a, b):
+    u, v = np.array(fake_vector(a)), np.array(fake_vector(b))
+    return float(u @ v / (np.linalg.norm(u) * np.linalg.norm(v)))
+
+# RAID's synonym thresholds (synonym.py) with the stand-in models make_reference.py gave RAID's SynonymAttack
+FAKE_SYNONYM = {"top_k": 20, "min_prob": 0.0025, "min_cosine": 0.5, "mask_window": 20, "pos_window": 4, "mask_token": "[MASK]",
+                "stopwords": FAKE_STOPWORDS, "pos_tag": fake_pos_tag, "cosine": _cosine,
+                "fill_mask": lambda s, k: fake_fill_mask(s, top_k=k)}
+STAND_INS = {"misspelling": {"nlls": fake_nlls}, "synonym": {"components": FAKE_SYNONYM}}
 
 LONG = ("The committee met on 12 March 2024 and approved a budget of 3.5 million dollars. An analysis of the plan showed "
         "a 20% rise in costs. Dr. Lee said the center will open in the fall, and the neighbor agreed. Because of the "
@@ -22,15 +35,15 @@ LONG = ("The committee met on 12 March 2024 and approved a budget of 3.5 million
 def test_equals_raid_reference(path):
     "Every reference case: the same text, edit count and edit spans as RAID's attacker given random.seed(seed)."
     ref = json.loads(path.read_text())
-    assert ref["rate"] == Raid()[f"{ref['attack']}_rate"] if f"{ref['attack']}_rate" in Raid() else ref["rate"] == 1.0
-    kw = {"nlls": fake_nlls} if ref["attack"] == "misspelling" else {}
+    assert ref["rate"] == Raid().get(f"{ref['attack']}_rate", 1.0)   # RAID's rates are the defaults (homoglyph: none, always 1)
+    kw = STAND_INS.get(ref["attack"], {})
     for c in ref["cases"]:
         r = RAID_ATTACKS[ref["attack"]](c["text"], random.Random(c["seed"]), ref["rate"], **kw)
         assert (r["generation"], r["num_edits"], [list(e) for e in r["edits"]]) == (c["generation"], c["num_edits"], c["edits"]), (ref["attack"], c["seed"], c["text"][:40])
 
 
 def test_reference_covers_every_offline_attack():
-    assert sorted(p.stem for p in REF.glob("*.json")) == sorted(RAID_OFFLINE) == sorted(Raid().attacks)
+    assert sorted(p.stem for p in REF.glob("*.json")) == sorted(RAID_OFFLINE + ["synonym"]) == sorted(Raid().attacks + ["synonym"])
     ranked = json.loads((REF / "misspelling.json").read_text())["cases"]
     assert any(0 < c["num_edits"] for c in ranked if c["text"].startswith("Because I really"))   # the LM-ranked path
 

@@ -16,11 +16,14 @@ Where RAID's module needs something that cannot be had offline, this script stan
   constructor (which loads GPT-2) is bypassed, and for the ranked cases `calculate_perplexity` is replaced by
   `fake_nlls` below (the same function tests/test_raid.py gives stealth_eval's implementation), so the ranking and
   selection logic is compared exactly while the model is not.
-- `synonym` (BERT + fastText + NLTK tagger data) and `paraphrase` (DIPPER) are not run.
+- `synonym` needs BERT, fastText vectors and NLTK's tagger and stopwords: its constructor is bypassed and each is
+  replaced by a deterministic stand-in below (`fake_fill_mask`, `fake_vector`, `fake_pos_tag`, `FAKE_STOPWORDS`), the
+  same ones tests/test_raid.py gives stealth_eval, so RAID's selection logic is compared exactly while the models are not.
+- `paraphrase` (DIPPER) is not run: it is the `dipper` method.
 
 Usage: python make_reference.py --raid /path/to/raid --spellings /path/to/american_spellings.json --out DIR
 """
-import argparse, importlib, json, random, re, subprocess, sys, types
+import argparse, hashlib, importlib, json, random, re, subprocess, sys, types
 from pathlib import Path
 
 TEXTS = [
@@ -45,7 +48,8 @@ ATTACKS = {"whitespace": ("whitespace", "WhiteSpaceAttack", 0.2),
            "number": ("alter_number", "AlterNumbersAttack", 0.5),
            "insert_paragraphs": ("insert_paragraphs", "InsertParagraphsAttack", 0.5),
            "alternative_spelling": ("alternative_spelling", "AlternativeSpellingAttack", 1.0),
-           "misspelling": ("perplexity_misspelling", "PerplexityMisspellingAttack", 0.2)}
+           "misspelling": ("perplexity_misspelling", "PerplexityMisspellingAttack", 0.2),
+           "synonym": ("synonym", "SynonymAttack", 0.5)}
 
 
 def fake_nlls(text):
@@ -53,6 +57,28 @@ def fake_nlls(text):
     pieces = re.findall(r"\s*\w+|\s*[^\w\s]|\s+$", text)
     assert "".join(pieces) == text
     return [(p, 0.5 + (sum(map(ord, p)) * 7919 % 1000) / 100) for p in pieces]
+
+
+SYN_VOCAB = ["house", "river", "quick", "green", "dog", "ran", "walked", "big", "small", "city", "study", "found", "team",
+             "report", "##ing", "12", "plan", "cost", "open", "sample"]
+FAKE_STOPWORDS = {"the", "a", "an", "of", "and", "to", "in", "is", "it", "was", "on", "i", "we", "he", "his", "their"}
+
+
+def fake_fill_mask(s, top_k=20):
+    "A stand-in for BERT's fill-mask pipeline: fixed proposals, scores from a hash of the masked window, best first."
+    out = [{"token_str": w, "score": int(hashlib.sha256(f"{s}|{w}".encode()).hexdigest()[:8], 16) % 1000 / 5000} for w in SYN_VOCAB]
+    return sorted(out, key=lambda d: -d["score"])[:top_k]
+
+
+def fake_pos_tag(tokens):
+    "A stand-in for nltk.pos_tag: SP for whitespace, NN for words starting a-m, VB otherwise."
+    return [(t, "SP" if not t.strip() else "NN" if t[:1].lower() < "n" else "VB") for t in tokens]
+
+
+def fake_vector(word):
+    "A stand-in for a fastText vector: 8 numbers seeded by the word."
+    r = random.Random(word)
+    return [1.0] + [r.uniform(-1, 1) for _ in range(7)]
 
 
 def english_punkt():
@@ -80,8 +106,14 @@ def main():
     table = json.loads(Path(a.spellings).read_text())
     sys.modules["requests"] = types.SimpleNamespace(get=lambda url: types.SimpleNamespace(json=lambda: dict(table)))
     sys.modules.setdefault("torch", types.ModuleType("torch"))
-    tf = types.ModuleType("transformers"); tf.AutoModelForCausalLM = tf.AutoTokenizer = None
+    tf = types.ModuleType("transformers"); tf.AutoModelForCausalLM = tf.AutoTokenizer = tf.pipeline = None
+    tf.logging = types.SimpleNamespace(set_verbosity_error=lambda: None, set_verbosity_warning=lambda: None,
+                                       captureWarnings=lambda b: None)
     sys.modules.setdefault("transformers", tf)
+    ft = types.ModuleType("fasttext"); ft.util = types.ModuleType("fasttext.util")
+    sys.modules.setdefault("fasttext", ft); sys.modules.setdefault("fasttext.util", ft.util)
+    import numpy as np
+    nltk.pos_tag = fake_pos_tag
     commit = subprocess.run(["git", "-C", a.raid, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     for name, (module, cls_name, rate) in ATTACKS.items():
@@ -95,18 +127,31 @@ def main():
             att.word_tokenizer = nltk.tokenize.NLTKWordTokenizer()
             att.wspan = lambda x: att.word_tokenizer.span_tokenize(x)
             att.calculate_perplexity = fake_nlls
+        elif name == "synonym":   # constructor loads BERT, fastText, NLTK data: RAID's thresholds, stand-in models
+            att = cls.__new__(cls)
+            att.N, att.bert_threshold, att.num_candidates, att.cs_thresh = rate, 0.0025, 20, 0.5
+            att.bert_window_size, att.pos_window_size = 20, 4
+            att.bert = fake_fill_mask
+            att.fasttext = types.SimpleNamespace(__getitem__=None)
+            att.embed = lambda w: np.array(fake_vector(w)).reshape(1, -1)
+            att.sent_tokenizer = sent
+            att.sspan = lambda x: sent.span_tokenize(x)
+            att.word_tokenizer = nltk.tokenize.NLTKWordTokenizer()
+            att.wspan = lambda x: att.word_tokenizer.span_tokenize(x)
+            att.stopwords = set(FAKE_STOPWORDS)
         else:
             att = cls(rate)
         cases = []
         for text in TEXTS:
-            for seed in SEEDS:
+            for seed in (SEEDS[:1] if name == "synonym" else SEEDS):   # synonym draws no random numbers
                 random.seed(seed)
                 r = att.attack(text)
                 cases.append({"text": text, "seed": seed, "generation": r["generation"], "num_edits": int(r["num_edits"]),
                               "edits": [list(map(int, e)) for e in r["edits"]]})
         rec = {"attack": name, "raid_module": f"generation/adversarial/attackers/{module}.py", "raid_class": cls_name,
                "rate": rate, "raid_commit": commit, "nltk": nltk.__version__,
-               "note": "misspelling: LM NLLs replaced by make_reference.fake_nlls" if name == "misspelling" else "",
+               "note": {"misspelling": "LM scores replaced by make_reference.fake_nlls",
+                        "synonym": "BERT, fastText, NLTK tagger and stopwords replaced by make_reference's fakes"}.get(name, ""),
                "cases": cases}
         (out / f"{name}.json").write_text(json.dumps(rec, ensure_ascii=False, indent=1) + "\n")
         print(name, len(cases), "cases")
