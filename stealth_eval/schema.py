@@ -351,6 +351,10 @@ class Raid(Section):
     synonym_mlm: str = setting("bert-base-cased", "masked LM proposing synonyms (RAID: bert-base-cased)")
     synonym_vectors: str = setting("cc.en.300.bin", "fastText vectors file that filters synonyms by cosine >= 0.5 (RAID: cc.en.300.bin)")
 
+    def check(self):   # one setting per attack: a name twice would write two outputs under one condition
+        if len(set(self.attacks)) < len(self.attacks):
+            raise SettingsError(f"raid.attacks={json.dumps(self.attacks)}: an attack is named twice")
+
 # %% ../nbs/03_schema.ipynb #fec44a44
 @section("acceptance")
 class Acceptance(Section):

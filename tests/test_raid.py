@@ -93,3 +93,25 @@ def test_model_attacks_unavailable(tmp_path, monkeypatch):
     got = method_raid([{"id": "a", "text": ranked}, {"id": "b", "text": LONG}], cfg)
     assert "cannot load" in got[0][0]["candidates"][0]["facts"]["invalid_reason"]
     assert "invalid_reason" not in got[1][0]["candidates"][0]["facts"]   # every candidate misspelt: no LM needed
+
+
+def test_the_methods_stage_runs_raid(tmp_path):
+    "Through run_methods_stage: one condition per attack (raid:<attack>), the facts kept, no-target outputs invalid with their reason."
+    import pandas as pd
+    from stealth_eval.core import Cache, read_jsonl
+    from stealth_eval.data import dataset_path
+    from stealth_eval.methods import run_methods_stage
+    recs = [{"id": "h0", "label": "human", "text": LONG, "domain": "news", "generator": "human"},
+            {"id": "a0", "label": "ai", "text": LONG, "domain": "news", "generator": "toy"},
+            {"id": "a1", "label": "ai", "text": "Snow fell and wind blew and birds sang all day long in our small quiet town.",
+             "domain": "news", "generator": "toy"}]
+    p = dataset_path(tmp_path, "toy"); p.parent.mkdir(parents=True)
+    pd.DataFrame(recs).to_json(p, orient="records", lines=True, force_ascii=False)
+    cfg = {"out_dir": str(tmp_path), "datasets": [{"name": "toy", "path": None}], "methods": ["m0", "raid"], "sanitize": [],
+           "validity": {"min_words": 10, "max_len_ratio": 3.0}, "seed": 0, "raid": {"attacks": ["article_deletion", "number"]}}
+    run_methods_stage(cfg, Cache(enabled=False))
+    rows = {(r["sample_id"], r["condition"]): r for r in read_jsonl(tmp_path / "raw_outputs.jsonl") if r["method"] == "raid"}
+    assert sorted(rows) == [(s, f"raid:{a}") for s in ("a0", "a1") for a in ("article_deletion", "number")]
+    assert all(rows[("a0", c)]["valid"] and rows[("a0", c)]["facts"]["num_edits"] > 0 for c in ("raid:article_deletion", "raid:number"))
+    assert rows[("a1", "raid:number")]["valid"] is False and rows[("a1", "raid:number")]["fail_reason"] == "raid:number: no numbers"
+    assert rows[("a1", "raid:article_deletion")]["fail_reason"] == "raid:article_deletion: no articles (' a ', ' an ', ' the ')"
