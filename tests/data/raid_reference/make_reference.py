@@ -153,7 +153,9 @@ def main():
                "note": {"misspelling": "LM scores replaced by make_reference.fake_nlls",
                         "synonym": "BERT, fastText, NLTK tagger and stopwords replaced by make_reference's fakes"}.get(name, ""),
                "cases": cases}
-        (out / f"{name}.json").write_text(json.dumps(rec, ensure_ascii=False, indent=1) + "\n")
+        head = json.dumps({k: v for k, v in rec.items() if k != "cases"}, ensure_ascii=False, indent=1)[:-2]
+        body = ",\n".join(json.dumps(c, ensure_ascii=False) for c in cases)   # one case a line
+        (out / f"{name}.json").write_text(f'{head},\n "cases": [\n{body}\n ]\n}}\n')
         print(name, len(cases), "cases")
 
 
