@@ -10,6 +10,9 @@ Paths (ratio = project throughput / baseline throughput; 1.0 = as fast as the pl
 - generation: `models.sample_continuations` (temperature 1, top-p 0.95, seeded per row) vs
   `model.generate(do_sample=True, top_p=0.95)` at the same batch size and the same number of new tokens;
 - embeddings: `models.load_embedder(spec).encode` vs one padded batch of 64 at a time with masked mean pooling;
+- readers (`--paths readers`, the embedded scoring LM, Gemma-3-270m): one scoring pass read by the likelihood panel,
+  Lastde/Lastde++ and Ghostbuster's stream: seconds a text of the model's body, of its output head, and of each
+  reader's statistics, with the head made once for all readers (`HeadLogits.once`) against once per reader;
 - sampler (`--paths sampler`): one decode step's draw at Qwen3's vocabulary, no model: `models.seeded_sample` vs
   `torch.multinomial` on the softmax.
 
@@ -132,6 +135,48 @@ def bench_scoring(spec, texts, device, max_tokens, batch_size):
             "project_per_s": n_tokens / t_proj, "baseline_per_s": n_tokens / t_base,
             "project_s": t_proj, "baseline_s": t_base,
             "max_abs_diff_log_likelihood": max(diffs) if diffs else None}
+
+
+def bench_readers(texts, max_tokens=256, reps=2):
+    """Seconds a text of one scoring pass's parts on the embedded scoring LM: body, head, and each reader's statistics;
+    the readers fed one head product per batch vs one per reader (the code before `HeadLogits.once`)."""
+    import torch
+    from stealth_eval.config import PROFILES
+    from stealth_eval.core import sha256_text
+    from stealth_eval.detectors import lm_logits, panel_batch
+    from stealth_eval.ghostbuster import _batch_token_logprobs
+    from stealth_eval.lastde import lastde_params, lastde_rows, text_uniforms
+    from stealth_eval.models import load_causal_lm
+    lm = load_causal_lm(PROFILES["embedded"]["scoring_model"], device="cpu")
+    prm = lastde_params({})
+    seqs = [lm.tokenizer(t, truncation=True, max_length=max_tokens).input_ids for t in texts]
+    t = {k: 0.0 for k in ("body", "head", "panel", "lastde", "ghostbuster", "pass, head per reader", "pass, head once")}
+    def clock(k, f):
+        t0 = time.perf_counter(); out = f(); t[k] += time.perf_counter() - t0; return out
+    readers = lambda z, ids, n, U: (panel_batch(z, ids, [n]), lastde_rows(z, ids, [n], U, prm), _batch_token_logprobs(z, ids, [n]))
+    with torch.no_grad():
+        for rep in range(reps):
+            for s in seqs:
+                ids, mask, n = torch.tensor([s]), torch.ones((1, len(s)), dtype=torch.long), len(s)
+                U = text_uniforms(sha256_text(str(s)), 0, n, prm["n_samples"])[None]
+                hl = clock("body", lambda: lm_logits(lm, ids, mask))
+                z = clock("head", lambda: hl.once())
+                clock("panel", lambda: panel_batch(z, ids, [n]))
+                clock("lastde", lambda: lastde_rows(z, ids, [n], U, prm))
+                clock("ghostbuster", lambda: _batch_token_logprobs(z, ids, [n]))
+                # the whole pass, the two ways, alternated: each reader computing its own head blocks, then one product
+                clock("pass, head per reader", lambda: readers(lm_logits(lm, ids, mask), ids, n, U))
+                clock("pass, head once", lambda: readers(lm_logits(lm, ids, mask).once(), ids, n, U))
+    k = reps * len(seqs)
+    per = {a: b / k for a, b in t.items()}
+    H, V = lm.head_fp32()[0].shape[1], lm.head_fp32()[0].shape[0]
+    n_tok = sum(len(s) for s in seqs) / len(seqs)
+    return {"path": "readers of one scoring pass", "project": "head once (HeadLogits.once)", "baseline": "head per reader",
+            "model": Path(lm.identity).name if hasattr(lm, "identity") else "scoring LM",
+            "items": f"{len(seqs)} texts x {reps}, {n_tok:.0f} tokens a text", "unit": "texts/s",
+            "project_per_s": 1 / per["pass, head once"], "baseline_per_s": 1 / per["pass, head per reader"],
+            "seconds_a_text": per, "head_gflop_a_text": 2 * n_tok * H * V / 1e9,
+            "head_gflop_per_s": 2 * n_tok * H * V / 1e9 / per["head"]}
 
 
 # ---------------------------------------------------------------- generation
@@ -337,7 +382,8 @@ def main():
     ap.add_argument("--gen_batch", type=int, default=None, help="generation batch size for both (default 32 / 8)")
     ap.add_argument("--n_embed", type=int, default=None, help="texts embedded (default 256 / 64)")
     ap.add_argument("--paths", nargs="+", default=["scoring", "generation", "embeddings"],
-                    help="scoring, generation, embeddings, sampler (a decode step's draw at Qwen3's vocabulary, no model)")
+                    help="scoring, generation, embeddings, sampler (a decode step's draw at Qwen3's vocabulary, no model), readers "
+                         "(one scoring pass's readers on the embedded scoring LM)")
     ap.add_argument("--rehearsal", action="store_true", help="also run the rehearsal profile and print its stage table")
     ap.add_argument("--rehearsal_set", nargs="*", default=None, help="--set values for that run (default on the CPU: tiny sizes)")
     ap.add_argument("--rehearsal_dir", default=None, help="print the stage table of this existing rehearsal run")
@@ -354,7 +400,7 @@ def main():
     report = {"machine": machine(device), "device": device, "scale": scale, "paths": [],
               "note": "ratio = project / baseline throughput, measured in this run" +
                       ("" if cuda else "; CPU, reduced shapes: a smoke test, not figures to quote")}
-    names = {"scoring": "falcon-7b", "generation": "qwen3-4b-instruct-2507", "embeddings": "e5-base-v2", "sampler": None}
+    names = {"scoring": "falcon-7b", "generation": "qwen3-4b-instruct-2507", "embeddings": "e5-base-v2", "sampler": None, "readers": None}
     folders = build_rehearsal_models(scale=scale, names=[names[p] for p in args.paths if names[p]])
     texts = lee_texts(max(pick(args.n_score, 96, 24), pick(args.n_embed, 256, 64), pick(args.n_prompts, 32, 8)))
     for path in args.paths:
@@ -362,6 +408,12 @@ def main():
             r = bench_sampler(device, 151936, pick(args.gen_batch, 32, 8))
             r["ratio"] = r["project_per_s"] / r["baseline_per_s"]
             report["paths"].append(r)
+            continue
+        if path == "readers":
+            r = bench_readers(texts[:pick(args.n_score, 96, 8)], pick(args.score_max_tokens, 1024, 256))
+            r["ratio"] = r["project_per_s"] / r["baseline_per_s"]
+            report["paths"].append(r)
+            print(json.dumps({k: round(v, 3) for k, v in r["seconds_a_text"].items()}), file=sys.stderr)
             continue
         spec = str(folders[names[path]])
         print(f"[bench] {path} on {Path(spec).name} ({scale}, {device}) ...", file=sys.stderr)

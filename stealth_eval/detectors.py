@@ -19,10 +19,10 @@ from .core import Cache, ComponentUnavailable, StealthEvalError, get_logger, pro
 from .engine import run_cache
 
 # %% auto #0
-__all__ = ['PANEL_VERSION', 'STATS_LOGITS', 'PASSES', 'panel_batch', 'binoculars_batch', 'HeadLogits', 'lm_logits',
-           'panel_from_logits', 'LMUse', 'fetch_lm_uses', 'panel_stats', 'binoculars_from_logits', 'panel_reference',
-           'binoculars_reference', 'PanelDetector', 'BinocularsPair', 'score_texts', 'panel_use', 'score_texts_windows',
-           'binoculars_use', 'score_binoculars_pair', 'run_detectors_stage']
+__all__ = ['PANEL_VERSION', 'STATS_LOGITS', 'FULL_LOGITS_BYTES', 'PASSES', 'panel_batch', 'binoculars_batch', 'HeadLogits',
+           'lm_logits', 'panel_from_logits', 'LMUse', 'fetch_lm_uses', 'panel_stats', 'binoculars_from_logits',
+           'panel_reference', 'binoculars_reference', 'PanelDetector', 'BinocularsPair', 'score_texts', 'panel_use',
+           'score_texts_windows', 'binoculars_use', 'score_binoculars_pair', 'run_detectors_stage']
 
 # %% ../nbs/20_detectors.ipynb #3813068a
 PANEL_VERSION = "panel-v8"  # bump whenever the computation changes: it is part of every cache key
@@ -134,7 +134,7 @@ class HeadLogits:
     """The logits of a batch, made block by block in float32 from the LM's last hidden states (R, L, H) and its output
     head in float32 (`LoadedLM.head_fp32`). With bf16 weights the model's own head rounds logits to bf16 (spacing 0.0625
     between 8 and 16), which ties tokens and makes a strict `>` rank count optimistic; here only the hidden states are
-    bf16, and the full (R, L, V) logits never exist at once."""
+    bf16. A reader takes the blocks it needs (`hl[:, a:b]`), or `once` makes the whole batch at once where it fits."""
     def __init__(self, hidden, head: tuple):
         self.hidden, (self.w, self.b, self.cap) = hidden, head
         self.shape, self.device = (*hidden.shape[:2], self.w.shape[0]), hidden.device
@@ -147,6 +147,23 @@ class HeadLogits:
     def to(self, device):
         if str(device) == str(self.device): return self
         return HeadLogits(self.hidden.to(device), tuple(None if x is None or isinstance(x, float) else x.to(device) for x in (self.w, self.b)) + (self.cap,))
+
+    def once(self, limit: int | None = None):
+        """The whole (R, L, V) float32 logits, computed by one product, when they fit in `limit` bytes (default
+        `FULL_LOGITS_BYTES` of the device type); else `self`, which computes each block a reader asks for. Every
+        reader of a batch then slices the same tensor instead of computing the head again: one head product per
+        batch and model, however many detectors read the pass."""
+        import torch
+        if limit is None: limit = FULL_LOGITS_BYTES.get(torch.device(self.device).type, 0)
+        R, L, V = self.shape
+        return self[:, :] if 4 * R * L * V <= limit else self
+
+# The output head is most of a small LM's work (Gemma-3-270m: 262,144 words x 640 = 168 M of its 268 M weights), so
+# every reader of a batch computing the logits of its own blocks again was that product once per reader (panel,
+# Lastde, Ghostbuster's stream: three on a CPU run). Within this many bytes a batch's logits are made once (1 GiB: a
+# 1,024-token Gemma text); past it each reader computes its own blocks, as before. On this project's CPUs one product
+# over all positions gives each row the same bits as the blocks of 32 or 64 rows the readers take (checked below).
+FULL_LOGITS_BYTES = {"cpu": 1 << 30, "cuda": 4 << 30}
 
 def lm_logits(lm, ids, mask) -> HeadLogits:
     "Scoring logits of a batch: the base model's last hidden states, the head applied in float32 on demand."
@@ -170,7 +187,7 @@ def _forward_batches(models: list, seqs: list, budget: int, granule: int, desc: 
         ids, mask = pad_batch([seqs[i] for i in idx], R, L, pad)
         lengths = [len(seqs[i]) for i in idx] + [len(seqs[idx[0]])] * (R - len(idx))
         with torch.no_grad():
-            res = on_batch(idx, ids, lengths, [lm_logits(m, ids, mask) for m in models])
+            res = on_batch(idx, ids, lengths, [lm_logits(m, ids, mask).once() for m in models])
         bar.update(len(idx))
         yield res
     bar.close()
