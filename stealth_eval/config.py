@@ -210,7 +210,7 @@ def resolve_config(profile: str = "embedded", datasets=None, methods=None, detec
     cfg = PROFILES[profile].to_dict()
     if cfg.get("rehearsal"):   # stand-ins built (once) and swapped in, sizes by device (06_rehearsal)
         from stealth_eval.rehearsal import rehearsal_config
-        cfg = rehearsal_config(cfg, overrides)
+        cfg = rehearsal_config({**cfg, "methods": list(methods or cfg["methods"])}, overrides)   # --methods: what is built
     for k, v in (overrides or {}).items(): _set_dotted(cfg, k, v)
     cfg = resolve_device_settings(cfg, probe=False)   # the runner probes `device=auto` (torch) before config.json
     cfg["plugins"] = load_plugins(list(cfg.get("plugins") or []) + list(plugins or []))   # before the names are checked

@@ -146,3 +146,27 @@ def test_list_shows_the_stand_in_in_the_method_table(capsys):
     line = next(l for l in out.splitlines() if l.strip().startswith("dipper_lm"))
     assert line.strip().startswith("dipper_lm *") and line.endswith("[stands in for: dipper]")
     assert next(l for l in out.splitlines() if l.strip().startswith("dipper ")).strip().startswith("dipper  ")
+
+
+def test_the_rehearsal_builds_and_prices_dippers_shape_only_for_a_run_with_dipper(tmp_path, monkeypatch):
+    import stealth_eval.rehearsal as R
+    from stealth_eval.config import PROFILES, resolve_config
+    from stealth_eval.preflight import paper_stand_ins
+    from transformers import AutoConfig
+    c = R.model_config("dipper-paraphraser-xxl")                       # google/t5-v1_1-xxl's shape
+    assert (c.d_model, c.d_ff, c.num_layers, c.num_decoder_layers, c.num_heads, c.d_kv, c.vocab_size) == (4096, 10240, 24, 24, 64, 64, 32128)
+    assert c.is_gated_act and getattr(c, "scale_decoder_outputs", not c.tie_word_embeddings) is False   # v1.1: no rescaled head
+    built = []
+    monkeypatch.setattr(R, "build_rehearsal_models", lambda folder=None, scale="full", seed=0, names=None:
+                        built.append(list(names)) or {n: tmp_path / n for n in names})
+    cfg = resolve_config("rehearsal", overrides={"rehearsal.scale": "layers"})
+    assert "dipper-paraphraser-xxl" not in built[-1] and cfg.dipper.model is None   # not a paper method: not built, no hub id
+    cfg = resolve_config("rehearsal", methods=["m1", "dipper"], overrides={"rehearsal.scale": "layers"})
+    assert "dipper-paraphraser-xxl" in built[-1]
+    assert cfg.dipper.model == str(tmp_path / "dipper-paraphraser-xxl") and cfg.dipper.tokenizer is None
+    assert "dipper-paraphraser-xxl" not in paper_stand_ins()                        # the preflight's list: the paper's methods
+    paper = PROFILES["paper"].to_dict()
+    assert not [r for r in R.paper_workload(paper) if "dipper" in r["what"]]
+    rows = [r for r in R.paper_workload({**paper, "methods": paper["methods"] + ["dipper"]}) if "dipper" in r["what"]]
+    assert [r["kind"] for r in rows] == ["prefill_encoder", "decode_decoder"] and all(r["dtype"] == "bfloat16" for r in rows)
+    assert rows[0]["seqs"] == 1000 * 2 * 4                              # texts x (L, O) pairs x windows of 3 x 28 tokens in 300
