@@ -84,3 +84,26 @@ def test_quality_records_the_similarity_to_the_source_and_to_the_previous_depth(
     assert q.loc[["m0", "m1:N=1"], "sim_previous"].isna().all()
     s = quality_summary(q.reset_index())["d"]
     assert "sim_previous_mean" in s["recursive:m1,N=1,depth=3"] and "sim_previous_mean" not in s["m1:N=1"]
+
+
+def test_the_methods_stage_writes_each_depth_as_a_condition_and_skips_dipper_with_its_reason(tmp_path, monkeypatch):
+    import json
+    from stealth_eval.core import read_json, read_jsonl
+    from stealth_eval.data import dataset_path
+    from stealth_eval.methods import run_methods_stage
+    recs = [{"id": f"{l[0]}{i}", "label": l, "text": f"{l} text number {i} " + "with enough words to be valid " * 2,
+             "domain": "news", "generator": "human" if l == "human" else "toy"} for l in ("human", "ai") for i in range(2)]
+    p = dataset_path(tmp_path, "toy"); p.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(recs).to_json(p, orient="records", lines=True)
+    monkeypatch.setitem(METHODS.load().entries, "stubpara", _stub([]))
+    cfg = {"out_dir": str(tmp_path), "datasets": [{"name": "toy", "path": None}], "seed": 0, "sanitize": [],
+           "methods": ["m0", "dipper", "recursive"], "validity": {"min_words": 10, "max_len_ratio": 3.0},
+           "dipper": {"model": None}, "recursive": {"methods": ["stubpara"], "depths": [1, 3]}}
+    summary = run_methods_stage(cfg, Cache(enabled=False))
+    assert read_json(tmp_path / "skipped.json")["methods"]["dipper"].startswith("no DIPPER model given")
+    raw = pd.DataFrame(read_jsonl(tmp_path / "raw_outputs.jsonl"))
+    r = raw[(raw.method == "recursive") & (raw.candidate_rank == 0)].set_index(["sample_id", "condition"])
+    assert set(summary["condition"]) >= {"recursive:stubpara,A,depth=1", "recursive:stubpara,B,depth=3"}
+    row = r.loc[("a0", "recursive:stubpara,A,depth=3")]
+    assert row["text_out"].endswith("valid aaa") and row["facts"]["depth"] == 3 and row["facts"]["previous_text"].endswith("valid aa")
+    assert row["valid"]                                                 # judged against the original AI text
