@@ -237,7 +237,7 @@ def recursive_outputs(items: list, cfg, cache, base: Method, depths: list) -> li
                 if not cands: continue
                 nxt[(i, o["setting"])] = cands[0]["text"]
                 if d in depths:
-                    name = ",".join(x for x in (base.name, o["setting"], f"depth={d}") if x)
+                    name = ",".join(x for x in (f"base={base.name}", o["setting"], f"depth={d}") if x)
                     out[i].append({"setting": name, "candidates": [
                         {"text": c["text"], "facts": {**c["facts"], "depth": d, "base_method": base.name, "base_setting": o["setting"],
                                                       "previous_text": it["text"]}} for c in cands]})

@@ -356,7 +356,7 @@ class Dipper(Section):
 class Recursive(Section):
     "Recursive paraphrasing (14_dipper; Sadasivan et al. 2023): the method `recursive` applies each method to its own output."
     methods: list[str] = setting([], "paraphrasing methods to recurse (m1, m2, dipper, dipper_lm; [] = none)")
-    depths: list[int] = setting([1, 3, 5], "depths reported, each a condition `recursive:m1,N=1,depth=3` (PADBen: 1, 3, 5)", "count",
+    depths: list[int] = setting([1, 3, 5], "depths reported, each a condition `recursive:base=m1,N=1,depth=3` (PADBen: 1, 3, 5)", "count",
                                 nonempty=True, at_most=(20, "each depth paraphrases every text once more"))
 
 # %% ../nbs/03_schema.ipynb #fec44a44

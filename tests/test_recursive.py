@@ -25,12 +25,12 @@ def test_depths_chain_on_rank_0_per_setting_with_their_own_seeds():
     out = recursive_outputs([{"id": "t1", "text": "x"}, {"id": "t2", "text": "y"}], {"seed": 0}, None, _stub(calls), [1, 3])
     got = [(o["setting"], o["candidates"][0]["text"], o["candidates"][0]["facts"]["previous_text"], o["candidates"][0]["facts"]["depth"])
            for o in out[0]]
-    assert got == [("stubpara,A,depth=1", "xa", "x", 1), ("stubpara,B,depth=1", "xb", "x", 1),
-                   ("stubpara,A,depth=3", "xaaa", "xaa", 3), ("stubpara,B,depth=3", "xbbb", "xbb", 3)]
+    assert got == [("base=stubpara,A,depth=1", "xa", "x", 1), ("base=stubpara,B,depth=1", "xb", "x", 1),
+                   ("base=stubpara,A,depth=3", "xaaa", "xaa", 3), ("base=stubpara,B,depth=3", "xbbb", "xbb", 3)]
     assert calls[0] == [("t1", "x"), ("t2", "y")]                       # depth 1: the base method's own call, unchanged
     assert calls[1] == [("t1#depth=2", "xa"), ("t1#depth=2", "xb"), ("t2#depth=2", "ya"), ("t2#depth=2", "yb")]
     assert [c[0] for c in calls[2]] == ["t1#depth=3"] * 2 + ["t2#depth=3"] * 2
-    seeds = [o["candidates"][0]["facts"]["seed"] for o in out[0] if o["setting"].startswith("stubpara,A")]
+    seeds = [o["candidates"][0]["facts"]["seed"] for o in out[0] if o["setting"].startswith("base=stubpara,A")]
     assert seeds == [row_seed(0, "t1", "A"), row_seed(0, "t1#depth=3", "A")] and seeds[0] != seeds[1]
     f = out[0][0]["candidates"][1]["facts"]                              # every candidate says its depth and base
     assert (f["depth"], f["base_method"], f["base_setting"]) == (1, "stubpara", "A")
@@ -42,7 +42,7 @@ def test_the_registered_method_reads_its_settings_and_skips_with_a_reason(monkey
     rec = METHODS.get("recursive")
     cfg = {"seed": 0, "recursive": {"methods": ["stubpara"], "depths": [2]}}
     out = rec.apply([{"id": "t", "text": "x"}], cfg, Cache(enabled=False))
-    assert [(o["setting"], o["candidates"][0]["text"]) for o in out[0]] == [("stubpara,A,depth=2", "xaa"), ("stubpara,B,depth=2", "xbb")]
+    assert [(o["setting"], o["candidates"][0]["text"]) for o in out[0]] == [("base=stubpara,A,depth=2", "xaa"), ("base=stubpara,B,depth=2", "xbb")]
     with pytest.raises(ComponentUnavailable, match="recursive.methods is empty"):
         rec.apply([{"id": "t", "text": "x"}], {"seed": 0, "recursive": {"methods": [], "depths": [1]}}, Cache(enabled=False))
     # a base method that cannot run: recursive is skipped with its reason
@@ -68,8 +68,8 @@ def test_quality_records_the_similarity_to_the_source_and_to_the_previous_depth(
     src, d1, d3, prev3 = ("markets rose on friday as investors cheered the news", "markets went up on friday as investors cheered",
                           "on friday the stock market climbed", "stocks climbed on friday, cheering investors")
     outs = pd.DataFrame({"dataset": "d", "label": "ai", "method": ["m0", "m1", "recursive", "recursive"],
-                         "setting": ["", "N=1", "m1,N=1,depth=1", "m1,N=1,depth=3"], "defense": "none",
-                         "condition": ["m0", "m1:N=1", "recursive:m1,N=1,depth=1", "recursive:m1,N=1,depth=3"],
+                         "setting": ["", "N=1", "base=m1,N=1,depth=1", "base=m1,N=1,depth=3"], "defense": "none",
+                         "condition": ["m0", "m1:N=1", "recursive:base=m1,N=1,depth=1", "recursive:base=m1,N=1,depth=3"],
                          "candidate_rank": 0, "sample_id": "x__ai", "text_out": [src, d1, d1, d3], "valid": True, "fail_reason": "",
                          "facts": [{}, {"pool": "m1"}, {"depth": 1, "previous_text": src}, {"depth": 3, "previous_text": prev3}]})
     cfg = {"embedder": "all-minilm-l6-v2", "quality_lm": str(make_tiny_lm(tmp_path / "lm")), "device": "cpu",
@@ -77,13 +77,13 @@ def test_quality_records_the_similarity_to_the_source_and_to_the_previous_depth(
     store = Cache(tmp_path / "cache")
     q = compute_quality(outs, cfg, store).set_index("condition")
     direct = similarities([(src, d1), (src, d3), (prev3, d3)], "all-minilm-l6-v2", cfg, Cache(enabled=False))
-    assert q.loc["recursive:m1,N=1,depth=1", "sim"] == pytest.approx(direct[0], abs=1e-6)
-    assert q.loc["recursive:m1,N=1,depth=1", "sim_previous"] == pytest.approx(direct[0], abs=1e-6)   # depth 1: previous = source
-    assert q.loc["recursive:m1,N=1,depth=3", "sim"] == pytest.approx(direct[1], abs=1e-6)
-    assert q.loc["recursive:m1,N=1,depth=3", "sim_previous"] == pytest.approx(direct[2], abs=1e-6)
+    assert q.loc["recursive:base=m1,N=1,depth=1", "sim"] == pytest.approx(direct[0], abs=1e-6)
+    assert q.loc["recursive:base=m1,N=1,depth=1", "sim_previous"] == pytest.approx(direct[0], abs=1e-6)   # depth 1: previous = source
+    assert q.loc["recursive:base=m1,N=1,depth=3", "sim"] == pytest.approx(direct[1], abs=1e-6)
+    assert q.loc["recursive:base=m1,N=1,depth=3", "sim_previous"] == pytest.approx(direct[2], abs=1e-6)
     assert q.loc[["m0", "m1:N=1"], "sim_previous"].isna().all()
     s = quality_summary(q.reset_index())["d"]
-    assert "sim_previous_mean" in s["recursive:m1,N=1,depth=3"] and "sim_previous_mean" not in s["m1:N=1"]
+    assert "sim_previous_mean" in s["recursive:base=m1,N=1,depth=3"] and "sim_previous_mean" not in s["m1:N=1"]
 
 
 def test_the_methods_stage_writes_each_depth_as_a_condition_and_skips_dipper_with_its_reason(tmp_path, monkeypatch):
@@ -103,7 +103,7 @@ def test_the_methods_stage_writes_each_depth_as_a_condition_and_skips_dipper_wit
     assert read_json(tmp_path / "skipped.json")["methods"]["dipper"].startswith("no DIPPER model given")
     raw = pd.DataFrame(read_jsonl(tmp_path / "raw_outputs.jsonl"))
     r = raw[(raw.method == "recursive") & (raw.candidate_rank == 0)].set_index(["sample_id", "condition"])
-    assert set(summary["condition"]) >= {"recursive:stubpara,A,depth=1", "recursive:stubpara,B,depth=3"}
-    row = r.loc[("a0", "recursive:stubpara,A,depth=3")]
+    assert set(summary["condition"]) >= {"recursive:base=stubpara,A,depth=1", "recursive:base=stubpara,B,depth=3"}
+    row = r.loc[("a0", "recursive:base=stubpara,A,depth=3")]
     assert row["text_out"].endswith("valid aaa") and row["facts"]["depth"] == 3 and row["facts"]["previous_text"].endswith("valid aa")
     assert row["valid"]                                                 # judged against the original AI text
