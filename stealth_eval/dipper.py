@@ -16,7 +16,8 @@ from .models import row_seed
 # %% auto #0
 __all__ = ['DIVERSITIES', 'DIPPER_VERSION', 'DIPPER_LM_PROMPT', 'dipper_codes', 'dipper_setting', 'dipper_input',
            'split_for_dipper', 'sentence_windows', 'dipper_loop', 'dipper_dtype', 'load_dipper', 't5_generate',
-           'method_dipper', 'dipper_lm_prompt', 'method_dipper_lm', 'recursive_outputs', 'method_recursive']
+           'method_dipper', 'parse_dipper_input', 'dipper_lm_prompt', 'method_dipper_lm', 'recursive_outputs',
+           'method_recursive']
 
 # %% ../nbs/14_dipper.ipynb #ec2d55bb
 DIVERSITIES = (0, 20, 40, 60, 80, 100)   # the only values the released model was trained with
@@ -183,16 +184,24 @@ METHODS.register(FunctionMethod(name="dipper", fn=method_dipper, color="C8", lab
                                 reference="DIPPER (Krishna et al. 2023): T5-XXL discourse paraphraser, lexical/order diversity codes, 3-sentence windows"))
 
 # %% ../nbs/14_dipper.ipynb #71ea6abd
-DIPPER_LM_PROMPT = ("Paraphrase only the text between <sent> and </sent>. Lexical diversity: {lex} out of 100 (0 = keep the "
-                    "words, 100 = change as many words as you can). Order diversity: {order} out of 100 (0 = keep the order of "
-                    "the sentences and clauses, 100 = reorder them as much as you can). The text before <sent> is context "
-                    "already written: do not repeat it. Keep the meaning. Output only the paraphrase.\n\n{dipper_input}")
+DIPPER_LM_PROMPT = ("Paraphrase the text below. Lexical diversity: {lex} out of 100 (0 = keep the words, 100 = change as many "
+                    "words as you can). Order diversity: {order} out of 100 (0 = keep the order of the sentences and clauses, "
+                    "100 = reorder them as much as you can). Keep the meaning. Output only the paraphrase of the text, nothing "
+                    "else.\n\nContext, already written (do not repeat it): {prefix}\n\nText: {window}")
 
+_DIPPER_INPUT = re.compile(r"lexical = (\d+), order = (\d+)(.*) <sent> (.*) </sent>", re.S)
 _SENT_TAGS = re.compile(r"</?sent>")
 
-def dipper_lm_prompt(dipper_input_text: str, lex: int, order: int) -> str:
-    "The stand-in's message: the diversity targets in words, then DIPPER's own input string."
-    return DIPPER_LM_PROMPT.format(lex=int(lex), order=int(order), dipper_input=dipper_input_text)
+def parse_dipper_input(x: str) -> tuple:
+    "(lexical code, order code, prefix, window) of a DIPPER input string (`dipper_input`'s inverse)."
+    m = _DIPPER_INPUT.fullmatch(x)
+    if m is None: raise StealthEvalError(f"not a DIPPER input string: {x[:80]!r}")
+    return int(m.group(1)), int(m.group(2)), m.group(3).strip(), m.group(4)
+
+def dipper_lm_prompt(dipper_input_text: str) -> str:
+    "The stand-in's message for one DIPPER input: the diversity targets (100 - the codes) in words, the context, the window."
+    lc, oc, prefix, window = parse_dipper_input(dipper_input_text)
+    return DIPPER_LM_PROMPT.format(lex=100 - lc, order=100 - oc, prefix=prefix or "(none)", window=window)
 
 def method_dipper_lm(items: list, cfg, cache) -> list:
     "DIPPER's window protocol realised by the instruct paraphraser (offline stand-in for `dipper`)."
@@ -202,12 +211,8 @@ def method_dipper_lm(items: list, cfg, cache) -> list:
     jobs = _jobs(items, cfg, "dipper_lm")
     ratio = float(cfg.get("paraphrase_max_new_ratio", 2.0))
     def gen(xs, seeds):
-        msgs, mx = [], []
-        for x in xs:
-            lc, oc = map(int, re.match(r"lexical = (\d+), order = (\d+)", x).groups())
-            window = x.rsplit("<sent> ", 1)[1].rsplit(" </sent>", 1)[0]
-            msgs.append(dipper_lm_prompt(x, 100 - lc, 100 - oc))
-            mx.append(int(ratio * len(tok(window, add_special_tokens=False).input_ids)) + 16)
+        msgs = [dipper_lm_prompt(x) for x in xs]
+        mx = [int(ratio * len(tok(parse_dipper_input(x)[3], add_special_tokens=False).input_ids)) + 16 for x in xs]
         ans = generate_answers(target, msgs, seeds, cache, cfg, mx, cfg.get("paraphrase_temperature", 0.9), float(dc["top_p"]),
                                desc="dipper_lm windows")
         return [" ".join(_SENT_TAGS.sub("", clean_answer(a)).split()) for a in ans]

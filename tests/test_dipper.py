@@ -132,9 +132,9 @@ def test_the_stand_in_keeps_the_protocol_and_says_what_it_stands_in_for(tmp_path
     c = out[0]["candidates"][0]
     assert c["text"] == "W1. W2." and c["facts"]["stands_in_for"] == "dipper" and c["facts"]["n_windows"] == 2
     m1, m2 = seen[0][0], seen[1][0]
-    assert "Lexical diversity: 60 out of 100" in m1 and "Order diversity: 60 out of 100" in m1
-    assert m1.endswith("lexical = 40, order = 40 <sent> It is quick and brown. It jumps over the lazy dog. The dog sleeps. </sent>")
-    assert m2.endswith("lexical = 40, order = 40  W1. <sent> Then it wakes up. </sent>")      # the cleaned output as context
+    assert "Lexical diversity: 60 out of 100" in m1 and "Order diversity: 60 out of 100" in m1   # 100 - the codes 40, 40
+    assert m1.endswith("(do not repeat it): (none)\n\nText: It is quick and brown. It jumps over the lazy dog. The dog sleeps.")
+    assert m2.endswith("(do not repeat it): W1.\n\nText: Then it wakes up.")      # the cleaned output of window 1 as context
     assert seen[0][1] != seen[1][1]
     assert METHODS.get("dipper_lm").stands_in_for == "dipper"
 
