@@ -83,6 +83,7 @@ class Method(ABC):
     applies_to: str = "ai"         # "ai": attacks AI texts; "human": edits human texts (they stay labelled human)
     needs_train_split: bool = False
     model_keys: tuple = ()         # configuration keys of the models it loads (checked by --offline)
+    stands_in_for: str = ""        # the paper's method it replaces where that one cannot run here ('' = none); it keeps its own name
 
     def __post_init__(self):
         if self.applies_to not in ("ai", "human"):
@@ -187,7 +188,8 @@ class ComponentRegistry(Registry):
 DETECTORS = ComponentRegistry("detector", Detector, ["stealth_eval.detectors", "stealth_eval.perturbation", "stealth_eval.supervised",
                                                      "stealth_eval.api_detectors", "stealth_eval.dna_detectllm",
                                                      "stealth_eval.lastde", "stealth_eval.ghostbuster"])
-METHODS = ComponentRegistry("method", Method, ["stealth_eval.methods", "stealth_eval.paraphrase", "stealth_eval.humanify", "stealth_eval.raid"])
+METHODS = ComponentRegistry("method", Method, ["stealth_eval.methods", "stealth_eval.paraphrase", "stealth_eval.humanify",
+                                                 "stealth_eval.raid", "stealth_eval.dipper"])
 DATASETS = ComponentRegistry("dataset", Dataset, ["stealth_eval.data"])
 
 # %% ../nbs/01_components.ipynb #38e424d4

@@ -73,6 +73,8 @@ PROFILE_CHANGES = {
         "methods": ["m0", "m1", "m2", "m3", "m4", "m5"],
         "n_candidates": [1, 2, 4, 8],
         "polish": {"degrees": ["extreme-minor", "minor", "slight-major", "major"], "percents": [1, 5, 10, 20, 35, 50, 75]},
+        # DIPPER (14_dipper) on request (--methods ... dipper): T5-XXL, 11 B parameters, ~22 GB of bfloat16 weights
+        "dipper": {"model": "kalpeshk2011/dipper-paraphraser-xxl", "batch_tokens": 16384, "batch_size": 64},
     },
     # the paper profile on random-weight stand-ins of its models, built locally (06_rehearsal): costs, not results
     "rehearsal": {"extends": "paper", "rehearsal": {"scale": "auto", "seed": 0, "measure_models": True}},
@@ -101,6 +103,7 @@ NAMED = {   # setting -> (the registry its names are in, the test a component mu
     "m3_guides": ("detector", None, ""),                                      # items ('ensemble' too)
     "m3_ensemble": ("detector", None, ""),
     "sanitize": ("method", None, ""),
+    "recursive.methods": ("method", lambda m: m.applies_to == "ai" and m.name not in ("recursive", BASELINE), "cannot be recursed"),
     "acceptance.method": ("method", None, ""),
     "api.spend_limit": ("detector", lambda d: d.family == "commercial", "is not an API detector"),
     "api.base_url": ("detector", lambda d: d.family == "commercial", "is not an API detector"),
@@ -207,7 +210,7 @@ def resolve_config(profile: str = "embedded", datasets=None, methods=None, detec
     cfg = PROFILES[profile].to_dict()
     if cfg.get("rehearsal"):   # stand-ins built (once) and swapped in, sizes by device (06_rehearsal)
         from stealth_eval.rehearsal import rehearsal_config
-        cfg = rehearsal_config(cfg, overrides)
+        cfg = rehearsal_config({**cfg, "methods": list(methods or cfg["methods"])}, overrides)   # --methods: what is built
     for k, v in (overrides or {}).items(): _set_dotted(cfg, k, v)
     cfg = resolve_device_settings(cfg, probe=False)   # the runner probes `device=auto` (torch) before config.json
     cfg["plugins"] = load_plugins(list(cfg.get("plugins") or []) + list(plugins or []))   # before the names are checked

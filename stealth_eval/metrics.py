@@ -1238,8 +1238,8 @@ RESULT_FILES = {
                           "categories: dataset -> category -> detector -> task -> the same; edit_ranges: dataset -> detector -> "
                           "expert_vs_machine[+defense] -> expert edit range -> the same; edit_pct: the expert edit percentages scored} "
                           "(only for Beemo-like datasets)",
-    "quality.parquet": "one row per AI output (candidate 0) and edited human text: sim, sim_model, sim_e5, ppl_score, ppl_model, "
-                       "edit_rate, chrf, valid, fail_reason",
+    "quality.parquet": "one row per AI output (candidate 0) and edited human text: sim, sim_model, sim_e5, sim_previous "
+                       "(recursive paraphrases: to the previous depth's text), ppl_score, ppl_model, edit_rate, chrf, valid, fail_reason",
     "quality_summary.json": "dataset -> condition -> validity rate, failure reasons, mean, median and quantiles of each quality measure",
 }
 

@@ -160,9 +160,11 @@ def _flat(d: dict, pre: str = "") -> dict:
 def paper_stand_ins() -> list:
     "The REAL_CONFIGS names the paper profile reads (through their hub ids), and SmolLM2's."
     from stealth_eval.config import PROFILES
-    from stealth_eval.rehearsal import REAL_CONFIGS, STANDS_FOR
-    paper = json.dumps(PROFILES["paper"].to_dict())
-    return [n for n in REAL_CONFIGS if STANDS_FOR[n] in paper and n != SMALL_LM] + [SMALL_LM]
+    from stealth_eval.rehearsal import ONLY_WITH, REAL_CONFIGS, STANDS_FOR, runs_method
+    cfg = PROFILES["paper"].to_dict()
+    paper = json.dumps(cfg)
+    return [n for n in REAL_CONFIGS if STANDS_FOR[n] in paper and n != SMALL_LM
+            and (n not in ONLY_WITH or runs_method(cfg, ONLY_WITH[n]))] + [SMALL_LM]   # DIPPER: only with its method
 
 def build_models(partial: dict, scale: str, names=None) -> dict:
     "Build (or find) each stand-in; one row per model: parameters, bytes on disk, seconds, built or found."

@@ -69,11 +69,19 @@ def compute_quality(outs, cfg: dict, cache: Cache):
     "quality.parquet rows for every AI output (candidate 0) and every edited human text among `outs` (raw_outputs.jsonl rows)."
     q = _measured(outs)
     ok = q["valid"].to_numpy() & q["source_text"].map(lambda t: isinstance(t, str)).to_numpy()   # imported outputs may lack a source
-    sims = similarities(list(zip(q.loc[ok, "source_text"], q.loc[ok, "text_out"])), cfg["embedder"], cfg, cache)
+    # a recursive paraphrase (14_dipper) carries the text it paraphrased: its similarity to that text too, in the same pass
+    facts = q["facts"] if "facts" in q.columns else pd.Series([None] * len(q), index=q.index)
+    prev = [f.get("previous_text") if isinstance(f, dict) else None for f in facts]
+    has_prev = ok & np.array([isinstance(p, str) for p in prev], dtype=bool)
+    pairs = list(zip(q.loc[ok, "source_text"], q.loc[ok, "text_out"]))
+    pairs += [(p, t) for p, t, h in zip(prev, q["text_out"], has_prev) if h]
+    sims = similarities(pairs, cfg["embedder"], cfg, cache) if pairs else []
     q["sim"] = np.nan
-    q.loc[ok, "sim"] = sims
+    q.loc[ok, "sim"] = sims[:int(ok.sum())]
     q["sim_model"] = cfg["embedder"]
     q["sim_e5"] = q["sim"] if "e5" in str(cfg["embedder"]).lower() else np.nan   # the E5 cosine, when the embedder is an E5 model
+    q["sim_previous"] = np.nan                                                    # to the previous depth's text (recursive only)
+    q.loc[has_prev, "sim_previous"] = sims[int(ok.sum()):]
     scored = q["valid"].to_numpy()
     stats = score_texts(q.loc[scored, "text_out"].tolist(), cfg["quality_lm"], cfg, cache) if scored.any() else {}
     q["ppl_score"] = [math.exp(-stats[sha256_text(t)]["ll"]) if v and stats.get(sha256_text(t)) else np.nan
@@ -82,7 +90,7 @@ def compute_quality(outs, cfg: dict, cache: Cache):
     q["edit_rate"] = [word_edit_rate(s, o) if isinstance(s, str) and isinstance(o, str) else np.nan
                       for s, o in zip(q["source_text"], q["text_out"])]
     q["chrf"] = [chrf(s, o) if isinstance(s, str) and isinstance(o, str) else np.nan for s, o in zip(q["source_text"], q["text_out"])]
-    cols = ["sample_id", "dataset", "label", "method", "setting", "defense", "condition", "sim", "sim_model", "sim_e5", "ppl_score",
+    cols = ["sample_id", "dataset", "label", "method", "setting", "defense", "condition", "sim", "sim_model", "sim_e5", "sim_previous", "ppl_score",
             "ppl_model", "edit_rate", "chrf", "valid", "fail_reason"]
     return q[cols].sort_values(["dataset", "label", "condition", "sample_id"], kind="stable").reset_index(drop=True)
 
@@ -97,8 +105,8 @@ def quality_summary(q) -> dict:
     for (ds, c), g in q.groupby(["dataset", "condition"], sort=True):
         d = {"label": str(g["label"].iloc[0]) if "label" in g else "ai", "n": int(len(g)), "valid_rate": float(g["valid"].mean()),
              "fail_reasons": g.loc[~g["valid"], "fail_reason"].value_counts().to_dict()}
-        for col in QUALITY_COLS:
-            if col not in g: continue
+        for col in QUALITY_COLS + ("sim_previous",):
+            if col not in g or (col == "sim_previous" and g[col].isna().all()): continue   # recursive conditions only
             x = g.loc[g["valid"], col].dropna().to_numpy(np.float64)
             d[f"{col}_n"] = int(len(x))
             d[f"{col}_mean"] = float(x.mean()) if len(x) else float("nan")

@@ -19,9 +19,9 @@ from pathlib import Path
 from .core import StealthEvalError, atomic_write_text, deep_merge, get_logger, read_json, user_cache_dir, write_json
 
 # %% auto #0
-__all__ = ['REAL_CONFIGS', 'STANDS_FOR', 'TOKENIZER_KIND', 'SCALES', 'CHAT_TEMPLATE', 'MARKER', 'SHARED_WEIGHTS',
+__all__ = ['REAL_CONFIGS', 'STANDS_FOR', 'ONLY_WITH', 'TOKENIZER_KIND', 'SCALES', 'CHAT_TEMPLATE', 'MARKER', 'SHARED_WEIGHTS',
            'SENTENCE_TRANSFORMERS', 'BANNER', 'REDUCED_RUN', 'LAYERS_RUN', 'H100', 'LOGIT_PASS_BYTES', 'PAPER_SIZES',
-           'real_config', 'model_config', 'count_params', 'make_word_tokenizer', 'rehearsal_dir',
+           'runs_method', 'real_config', 'model_config', 'count_params', 'make_word_tokenizer', 'rehearsal_dir',
            'build_rehearsal_model', 'build_rehearsal_models', 'rehearsal_scale', 'rehearsal_config', 'banner',
            'watermark', 'mark_text_artifacts', 'StageMonitor', 'measure_models', 'param_split', 'flops_per_token',
            'attention_flops', 'weight_bytes', 'prefill_seconds', 'decode_seconds', 'sampling_seconds', 'paper_workload',
@@ -60,6 +60,16 @@ REAL_CONFIGS = {
                  "feed_forward_proj": "relu", "initializer_factor": 1.0, "is_encoder_decoder": True,
                  "layer_norm_epsilon": 1e-06, "n_positions": 512, "num_heads": 16, "num_layers": 24, "pad_token_id": 0,
                  "relative_attention_num_buckets": 32, "vocab_size": 32128},
+    # DIPPER (14_dipper, `dipper.model`): kalpeshk2011/dipper-paraphraser-xxl is a fine-tune of T5 v1.1 XXL, shape from
+    # huggingface.co/google/t5-v1_1-xxl/blob/main/config.json (gated-GELU feed-forward, untied head: transformers 5 reads
+    # tie_word_embeddings=False as "no rescaling of the decoder output" and counts the head once: 11.0 B parameters here,
+    # 11.1 B in the checkpoint)
+    "dipper-paraphraser-xxl": {"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "d_ff": 10240, "d_kv": 64,
+                               "d_model": 4096, "decoder_start_token_id": 0, "dropout_rate": 0.1, "eos_token_id": 1,
+                               "feed_forward_proj": "gated-gelu", "initializer_factor": 1.0, "is_encoder_decoder": True,
+                               "layer_norm_epsilon": 1e-06, "num_decoder_layers": 24, "num_heads": 64, "num_layers": 24,
+                               "pad_token_id": 0, "relative_attention_num_buckets": 32, "tie_word_embeddings": False,
+                               "vocab_size": 32128},
     # huggingface.co/openai-community/roberta-large-openai-detector/blob/main/config.json
     "roberta-large-openai-detector": {
         "model_type": "roberta", "architectures": ["RobertaForSequenceClassification"], "attention_probs_dropout_prob": 0.1,
@@ -120,7 +130,16 @@ STANDS_FOR = {  # rehearsal model -> the hub id it replaces (in any profile valu
     "longformer-base-4096": "allenai/longformer-base-4096", "e5-base-v2": "intfloat/e5-base-v2",
     "radar-vicuna-7b": "TrustSafeAI/RADAR-Vicuna-7B", "all-mpnet-base-v2": "sentence-transformers/all-mpnet-base-v2",
     "smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "dipper-paraphraser-xxl": "kalpeshk2011/dipper-paraphraser-xxl",
 }
+# a stand-in that only one method reads is built only for a run with that method (directly or in `recursive.methods`):
+# DIPPER is not among the paper profile's methods, and its 11 B shape would cost every rehearsal and preflight its build
+ONLY_WITH = {"dipper-paraphraser-xxl": "dipper"}
+
+def runs_method(cfg: dict, method: str) -> bool:
+    "Whether a run of `cfg` applies `method`: named in `methods`, or recursed (`recursive.methods`) by `recursive`."
+    ms = list(cfg.get("methods") or [])
+    return method in ms or ("recursive" in ms and method in ((cfg.get("recursive") or {}).get("methods") or []))
 TOKENIZER_KIND = {"falcon": "causal", "qwen3": "chat", "qwen2": "chat", "t5": "t5", "roberta": "roberta", "bert": "bert",
                   "longformer": "roberta", "mpnet": "roberta", "llama": "chat"}   # MPNet: RoBERTa's special ids and <mask> last
 
@@ -376,8 +395,12 @@ def rehearsal_config(cfg: dict, overrides: dict | None = None) -> dict:
     scale = rehearsal_scale(ov.get("rehearsal.scale", r.get("scale", "auto")), ov.get("device", cfg.get("device", "auto")))
     seed = int(ov.get("rehearsal.seed", r.get("seed", 0)))
     used = {n for n, hub in STANDS_FOR.items() if hub in json.dumps(cfg)}
-    folders = build_rehearsal_models(scale=scale, seed=seed, names=[n for n in REAL_CONFIGS if n in used])
+    rec = ov.get("recursive.methods", (cfg.get("recursive") or {}).get("methods"))
+    idle = {n for n in used if n in ONLY_WITH and not runs_method({**cfg, "recursive": {"methods": rec}}, ONLY_WITH[n])}   # unread
+    folders = build_rehearsal_models(scale=scale, seed=seed, names=[n for n in REAL_CONFIGS if n in used - idle])
     out = _replace_hub_ids(cfg, folders)
+    if "dipper-paraphraser-xxl" in folders: out["dipper"] = {**out["dipper"], "tokenizer": None}   # the stand-in's own
+    if "dipper-paraphraser-xxl" in idle: out["dipper"] = {**out["dipper"], "model": None}        # no hub id stays
     out = deep_merge(out, {"reduced": REDUCED_RUN, "layers": LAYERS_RUN}.get(scale, {}))
     out["rehearsal"] = {**r, "scale": scale, "seed": seed, "banner": BANNER, "models": {n: str(f) for n, f in folders.items()}}
     return out
@@ -639,6 +662,7 @@ PAPER_SIZES = {   # the spec's sizes the paper profile does not fix (stealthrl_e
     # sanitize(x) != x for 0.23% of the AI texts and 0.72% of the human ones, and sanitize(m5_r(x)) == sanitize(x) at
     # every homoglyph rate r for all but 3 texts (0.05%). Counted at 1%, rounded up.
     "sanitize_changes": 0.01,
+    "sentence_tokens": 28,  # T5 tokens of a news sentence (~22 words at ~1.3 tokens a word): DIPPER's windows are 3 of them
 }
 
 def _name_of(spec) -> str | None:
@@ -690,6 +714,15 @@ def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
         add("10_methods", "m3 guide: likelihood panel", lm, "prefill", N * K, S)
     m1_pool = len(ns) * (("m1" in meths) + len(cfg.get("m3_guides", [])) * ("m3" in meths))   # M1's and M3's picks: one pool
     n_out = {"m0": 1, "m1": min(K, m1_pool), "m2": min(K, len(ns)), "m4": min(K, len(ns)), "m5": len(cfg.get("homoglyph_rates", []))}
+    if runs_method(cfg, "dipper"):   # not in the paper profile's methods: priced only for a run that asks for it (14_dipper)
+        dp, LO, si = _name_of(cfg["dipper"]["model"]), len(cfg["dipper"]["lex_order"]), cfg["dipper"]["sent_interval"]
+        w = si * z["sentence_tokens"]                         # tokens of a window; the windows before it are its context
+        nw = max(1, math.ceil(T / w))
+        ctx = 12 + w + w * (nw - 1) / 2                       # mean input: codes, the outputs so far, the window
+        dt = gpu_dtype(cfg["dipper"].get("dtype"))
+        add("10_methods", "dipper: T5 encoder (windows with their context)", dp, "prefill_encoder", N * LO * nw, ctx, dtype=dt)
+        add("10_methods", "dipper: T5 decoder", dp, "decode_decoder", N * LO * nw, ctx, w, cfg["dipper"]["batch_size"], dtype=dt)
+        n_out["dipper"] = LO
     if "m3" in meths: meths = meths | {"m1"}                          # M3's outputs are texts of M1's pool
     texts = N + N * sum(v for m, v in n_out.items() if m in meths)     # human + every condition's distinct outputs (upper bound)
     # The sanitize defense: human texts always, and the outputs of each method in `sanitize`; M5's sanitized texts are

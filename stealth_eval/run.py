@@ -754,6 +754,14 @@ def main(argv=None) -> int:
             w = [max(len(r[i]) for r in rows + [head]) for i in range(4)]
             print("\ndetector table (direction: which raw score means AI; * a stand-in under its own name, for the detector named last):")
             for r in [head] + rows: print("  " + "  ".join(f"{c:<{w[i]}}" for i, c in enumerate(r[:4])) + "  " + r[4])
+            # the methods the same way: a stand-in (`Method.stands_in_for`) marked * and named after its reference
+            mrows = [(n + (" *" if m.stands_in_for else ""), m.label, m.applies_to,
+                      m.reference + (f" [stands in for: {m.stands_in_for}]" if m.stands_in_for else ""))
+                     for n, m in registries()["method"].all().items()]
+            mhead = ("name", "label", "applies to", "reference")
+            mw = [max(len(r[i]) for r in mrows + [mhead]) for i in range(3)]
+            print("\nmethod table (* a stand-in under its own name, for the method named last):")
+            for r in [mhead] + mrows: print("  " + "  ".join(f"{c:<{mw[i]}}" for i, c in enumerate(r[:3])) + "  " + r[3])
             return EXIT_OK
         if args.list_settings:
             from stealth_eval.config import PROFILES

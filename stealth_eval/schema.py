@@ -20,7 +20,7 @@ from .core import StealthEvalError
 __all__ = ['MIN_WINDOW', 'MAX_BOOTSTRAP', 'REHEARSAL_KEYS', 'RUNNER_KEYS', 'DEVICE_PROFILES', 'DEVICE_KEYS', 'setting', 'kind_of',
            'type_name', 'accepts', 'SettingsError', 'check_value', 'Section', 'section', 'Data', 'Watermark',
            'ClassifierOffline', 'GhostbusterLocal', 'Validity', 'Perturbation', 'Lastde', 'Shield', 'Polish', 'Raid',
-           'Acceptance', 'Engine', 'url_problem', 'Api', 'Settings', 'settings_rows']
+           'Dipper', 'Recursive', 'Acceptance', 'Engine', 'url_problem', 'Api', 'Settings', 'settings_rows']
 
 # %% ../nbs/03_schema.ipynb #c1d89573
 def setting(default, doc: str = "", check: str | None = None, choices: str | None = None, allowed: str = "",
@@ -355,6 +355,37 @@ class Raid(Section):
         if len(set(self.attacks)) < len(self.attacks):
             raise SettingsError(f"raid.attacks={json.dumps(self.attacks)}: an attack is named twice")
 
+# %% ../nbs/03_schema.ipynb #d1e0a7b2
+_PAIR = "a list of [L, O] pairs, each of 0, 20, 40, 60, 80, 100"
+
+@section("dipper")
+class Dipper(Section):
+    "DIPPER (14_dipper): the reference's protocol (martiansideofthemoon/ai-detection-paraphrases) and its model."
+    model: str | None = setting(None, "hub id or local folder of the T5 paraphraser (paper: kalpeshk2011/dipper-paraphraser-xxl, "
+                                "11 B parameters, ~22 GB in bfloat16; None: dipper is skipped, with the reason)")
+    tokenizer: str | None = setting("google/t5-v1_1-xxl", "its tokenizer (the reference's; None: the model's own files)")
+    dtype: str = setting("auto", "weights ('auto': the run's dtype, bfloat16 on a GPU)", choices="auto|float32|bfloat16|float16",
+                         allowed="auto, float32, bfloat16 or float16")
+    lex_order: list[list[int]] = setting([[60, 60], [60, 0]], "(lexical, order) diversities, each a setting `L=60,O=60`; the model "
+                                         "reads the codes 100 - L, 100 - O (paper: L60 O60 strongest; RAID: L60 O0)", nonempty=True)
+    sent_interval: int = setting(3, "sentences paraphrased per window, the previous outputs as context (reference: 3)", "count")
+    top_p: float = setting(0.75, "nucleus mass of the sampling (reference: top_p=0.75, top_k=None)", "unit")
+    max_length: int = setting(512, "decoder tokens per window at most (reference: max_length=512)", "count")
+    batch_size: int = setting(16, "windows per generate batch at most", "count")
+    batch_tokens: int = setting(0, "input tokens per batch (0: one unpadded window a batch)", "count0")
+
+    def check(self):
+        for p in self.lex_order:
+            if len(p) != 2 or any(v not in (0, 20, 40, 60, 80, 100) for v in p):
+                raise SettingsError(f"dipper.lex_order={_shown(self.lex_order)}: {_shown(p)} is not a pair; expects {_PAIR}")
+
+@section("recursive")
+class Recursive(Section):
+    "Recursive paraphrasing (14_dipper; Sadasivan et al. 2023): the method `recursive` applies each method to its own output."
+    methods: list[str] = setting([], "paraphrasing methods to recurse (m1, m2, dipper, dipper_lm; [] = none)")
+    depths: list[int] = setting([1, 3, 5], "depths reported, each a condition `recursive:base=m1,N=1,depth=3` (PADBen: 1, 3, 5)", "count",
+                                nonempty=True, at_most=(20, "each depth paraphrases every text once more"))
+
 # %% ../nbs/03_schema.ipynb #fec44a44
 @section("acceptance")
 class Acceptance(Section):
@@ -490,6 +521,8 @@ class Settings(Section):
     shield_mlm: str | None = setting(None, "masked LM proposing words (paper: allenai/longformer-base-4096, App. B); None: causal-LM infill")
     shield_infill_lm: str = setting("smollm2-135m-instruct", "causal LM of SHIELD's offline infill")
     polish: Polish = setting(Polish(), "APT-Eval polishing")
+    dipper: Dipper = setting(Dipper(), "DIPPER paraphraser (14_dipper)")
+    recursive: Recursive = setting(Recursive(), "recursive paraphrasing of the methods it names (14_dipper)")
     sanitize: list[str] = setting(["m0", "m5"], "registered methods whose outputs are also scored after sanitize()")
     score_max_tokens: int = setting(512, "longer texts are truncated for scoring (recorded per row)", "window")
     score_windows: dict[str, int | str] = setting({}, "registered detector with a token window -> its window ('profile', 'model' or a number of tokens)",

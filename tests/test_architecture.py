@@ -13,7 +13,7 @@ from conftest import ROOT, run_cli
 PKG = ROOT / "stealth_eval"
 # the pipeline's stages in order, with the modules each owns; a module may import its own stage's and earlier ones
 STAGES = [("data", {"data", "benchmarks", "benchmarks_hub"}),
-          ("methods", {"methods", "paraphrase", "humanify", "raid"}),
+          ("methods", {"methods", "paraphrase", "humanify", "raid", "dipper"}),
           ("detectors", {"detectors", "perturbation", "supervised", "quality", "lastde", "dna_detectllm", "ghostbuster"}),
           ("metrics", {"metrics", "acceptance"}),
           ("figures", {"figures"}),

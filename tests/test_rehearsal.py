@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # parameters of the real models (tied embeddings counted once), in billions
 EXPECTED_B = {"falcon-7b": (6.9, 7.2), "falcon-7b-instruct": (6.9, 7.2), "qwen3-4b-instruct-2507": (3.95, 4.1),
               "t5-large": (0.73, 0.75), "roberta-large-openai-detector": (0.35, 0.36), "e5-base-v2": (0.105, 0.115),
-              "longformer-base-4096": (0.148, 0.150), "authormist-originality-rehearsal-standin": (3.0, 3.2)}
+              "longformer-base-4096": (0.148, 0.150), "authormist-originality-rehearsal-standin": (3.0, 3.2),
+              "dipper-paraphraser-xxl": (10.9, 11.1)}   # T5 v1.1 XXL, untied head
 
 
 @pytest.mark.parametrize("name", sorted(REAL_CONFIGS))

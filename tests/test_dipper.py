@@ -1,0 +1,172 @@
+"""DIPPER (14_dipper): the reference's input strings and windows, the T5 load and generate path on a tiny random T5
+built here from a config, the skip with a reason when the model cannot load, and the offline stand-in's protocol.
+
+Expected strings are written from the reference loop (martiansideofthemoon/ai-detection-paraphrases,
+`dipper_paraphrases/paraphrase_minimal.py`): whitespace collapsed, sentences split, windows of `sent_interval`
+sentences joined by a space, input `lexical = {100-L}, order = {100-O}` + ` {prefix}` (when non-empty) +
+` <sent> {window} </sent>`, then `prefix += " " + output` and `output_text += " " + output`.
+"""
+from pathlib import Path
+
+import pytest
+
+from stealth_eval.components import METHODS
+from stealth_eval.core import Cache, ComponentUnavailable
+from stealth_eval import dipper as dp
+
+TEXT = "It is quick and brown.  It jumps over\nthe lazy dog. The dog sleeps. Then it wakes up."
+
+
+def _echo_numbered(log):
+    "A stand-in generator: output k of the run is 'P{k}.' (records every input and seed)."
+    def gen(inputs, seeds):
+        log.extend(zip(inputs, seeds))
+        return [f"P{len(log) - len(inputs) + i + 1}." for i in range(len(inputs))]
+    return gen
+
+
+def test_inputs_and_windows_are_the_reference_loops():
+    log = []
+    job = {"text": TEXT, "prefix": "Tracy is\na fox.", "lex_code": 40, "order_code": 40, "seed": 0}
+    r = dp.dipper_loop([job], 3, _echo_numbered(log))[0]
+    assert r["inputs"] == [
+        "lexical = 40, order = 40 Tracy is a fox. <sent> It is quick and brown. It jumps over the lazy dog. The dog sleeps. </sent>",
+        "lexical = 40, order = 40 Tracy is a fox. P1. <sent> Then it wakes up. </sent>"]
+    assert r["text"] == "P1. P2." and r["n_windows"] == 2
+    # no prompt: the first input has no prefix; the next holds the output after the reference's two spaces
+    r = dp.dipper_loop([{**job, "prefix": "", "lex_code": 40, "order_code": 100}], 2, _echo_numbered([]))[0]
+    assert r["inputs"] == ["lexical = 40, order = 100 <sent> It is quick and brown. It jumps over the lazy dog. </sent>",
+                           "lexical = 40, order = 100  P1. <sent> The dog sleeps. Then it wakes up. </sent>"]
+
+
+def test_codes_settings_and_the_grid_default():
+    from stealth_eval.schema import Dipper, SettingsError
+    assert [dp.dipper_codes(l, o) for l, o in Dipper().lex_order] == [(40, 40), (40, 100)]   # L60 O60, L60 O0
+    assert [dp.dipper_setting(l, o) for l, o in Dipper().lex_order] == ["L=60,O=60", "L=60,O=0"]
+    with pytest.raises(SettingsError, match="dipper.lex_order"): Dipper(lex_order=[[60]])
+    with pytest.raises(SettingsError, match="dipper.lex_order"): Dipper(lex_order=[[60, 10]])
+
+
+def test_jobs_run_together_window_by_window_and_each_as_alone():
+    jobs = [{"text": TEXT, "prefix": "", "lex_code": 40, "order_code": 40, "seed": 1},
+            {"text": "One sentence only.", "prefix": "", "lex_code": 40, "order_code": 100, "seed": 2}]
+    calls = []
+    def gen(inputs, seeds):
+        calls.append(len(inputs))
+        return [f"<{s}>" for s in seeds]            # the output depends on the row's seed alone
+    together = dp.dipper_loop(jobs, 3, gen)
+    assert calls == [2, 1]                            # window 0 of both jobs in one call, then the longer job's window 1
+    alone = [dp.dipper_loop([j], 3, gen)[0] for j in jobs]
+    assert [r["text"] for r in together] == [r["text"] for r in alone]
+    seeds = [int(t.strip("<>")) for t in together[0]["text"].split()]
+    assert len(set(seeds)) == 2                       # a seed per window
+
+
+def _tiny_t5(folder: Path) -> Path:
+    "A tiny random T5 (real architecture) and a word-level tokenizer that knows DIPPER's control words."
+    import torch
+    from tokenizers import Tokenizer, models as tm, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast, T5Config, T5ForConditionalGeneration
+    words = ("lexical order = , . <sent> </sent> 40 100 60 it is quick and brown jumps over the lazy dog sleeps then "
+             "wakes up a fox").split()
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+    t = Tokenizer(tm.WordLevel(vocab=vocab, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    t.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    torch.manual_seed(0)
+    cfg = T5Config(vocab_size=len(vocab), d_model=16, d_ff=32, d_kv=4, num_layers=1, num_decoder_layers=1, num_heads=2,
+                   decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    T5ForConditionalGeneration(cfg).save_pretrained(folder); tok.save_pretrained(folder)
+    return folder
+
+
+def _cfg(model, **kw):
+    return {"seed": 0, "device": "cpu", "dtype": "float32",
+            "dipper": {"model": model, "tokenizer": None, "dtype": "auto", "lex_order": [[60, 0]], "sent_interval": 3,
+                       "top_p": 0.75, "max_length": 12, "batch_size": 4, "batch_tokens": 0, **kw}}
+
+
+def test_tiny_t5_loads_and_paraphrases_window_by_window(tmp_path):
+    folder = _tiny_t5(tmp_path / "t5")
+    cfg, items = _cfg(str(folder)), [{"id": "a", "text": TEXT}, {"id": "b", "text": "The dog sleeps."}]
+    store = Cache(tmp_path / "store")
+    out = METHODS.get("dipper").apply(items, cfg, store)
+    assert [[o["setting"] for o in outs] for outs in out] == [["L=60,O=0"], ["L=60,O=0"]]
+    f = out[0][0]["candidates"][0]["facts"]
+    assert (f["lex_code"], f["order_code"], f["n_windows"], f["sent_interval"]) == (40, 100, 2, 3)
+    assert f["model"].startswith("t5@local:") and f["top_p"] == 0.75
+    assert out[0][0]["candidates"][0]["text"].strip()                 # sampled words of the random model
+    t5 = dp.load_dipper(cfg)
+    assert type(t5[0]).__name__ == "T5ForConditionalGeneration" and str(next(t5[0].parameters()).dtype) == "torch.float32"
+    # each window's output is cached by content: a second call reads every window, and a text alone gives the same
+    again = METHODS.get("dipper").apply(items[:1], cfg, store)
+    assert again[0][0]["candidates"][0]["text"] == out[0][0]["candidates"][0]["text"] and store.hits["dipper_window"] == 2
+    fresh = METHODS.get("dipper").apply(items[1:], cfg, Cache(enabled=False))   # recomputed, alone: the same sample
+    assert fresh[0][0]["candidates"][0]["text"] == out[1][0]["candidates"][0]["text"]
+
+
+def test_dipper_is_skipped_with_the_reason_when_the_model_cannot_load(tmp_path, monkeypatch):
+    dipper = METHODS.get("dipper")
+    with pytest.raises(ComponentUnavailable, match="no DIPPER model given"):
+        dipper.apply([{"id": "a", "text": TEXT}], _cfg(None), Cache(enabled=False))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ComponentUnavailable, match="offline.*dipper-paraphraser-xxl"):
+        dipper.apply([{"id": "a", "text": TEXT}], _cfg("kalpeshk2011/dipper-paraphraser-xxl"), Cache(enabled=False))
+    (tmp_path / "empty").mkdir()                                      # a folder that holds no model
+    with pytest.raises(ComponentUnavailable, match="cannot be loaded"):
+        dipper.apply([{"id": "a", "text": TEXT}], _cfg(str(tmp_path / "empty")), Cache(enabled=False))
+
+
+def test_the_stand_in_keeps_the_protocol_and_says_what_it_stands_in_for(tmp_path, monkeypatch):
+    import stealth_eval.paraphrase as para
+    from stealth_eval.models import make_tiny_lm
+    seen = []
+    def fake(target, messages, seeds, cache, cfg, max_new_tokens, temperature, top_p, system=None, desc=""):
+        seen.extend(zip(messages, seeds))
+        return [f"Paraphrased text: <sent> W{len(seen) - len(messages) + i + 1}. </sent>" for i in range(len(messages))]
+    monkeypatch.setattr(para, "generate_answers", fake)
+    cfg = {**_cfg(None, lex_order=[[60, 60]]), "paraphraser": str(make_tiny_lm(tmp_path / "lm")), "paraphrase_temperature": 0.9}
+    out = METHODS.get("dipper_lm").apply([{"id": "a", "text": TEXT}], cfg, Cache(enabled=False))[0]
+    assert out[0]["setting"] == "L=60,O=60"
+    c = out[0]["candidates"][0]
+    assert c["text"] == "W1. W2." and c["facts"]["stands_in_for"] == "dipper" and c["facts"]["n_windows"] == 2
+    m1, m2 = seen[0][0], seen[1][0]
+    assert "Lexical diversity: 60 out of 100" in m1 and "Order diversity: 60 out of 100" in m1   # 100 - the codes 40, 40
+    assert m1.endswith("(do not repeat it): (none)\n\nText: It is quick and brown. It jumps over the lazy dog. The dog sleeps.")
+    assert m2.endswith("(do not repeat it): W1.\n\nText: Then it wakes up.")      # the cleaned output of window 1 as context
+    assert seen[0][1] != seen[1][1]
+    assert METHODS.get("dipper_lm").stands_in_for == "dipper"
+
+
+def test_list_shows_the_stand_in_in_the_method_table(capsys):
+    from stealth_eval.run import main
+    assert main(["--list"]) == 0
+    out = capsys.readouterr().out.split("method table")[1]
+    line = next(l for l in out.splitlines() if l.strip().startswith("dipper_lm"))
+    assert line.strip().startswith("dipper_lm *") and line.endswith("[stands in for: dipper]")
+    assert next(l for l in out.splitlines() if l.strip().startswith("dipper ")).strip().startswith("dipper  ")
+
+
+def test_the_rehearsal_builds_and_prices_dippers_shape_only_for_a_run_with_dipper(tmp_path, monkeypatch):
+    import stealth_eval.rehearsal as R
+    from stealth_eval.config import PROFILES, resolve_config
+    from stealth_eval.preflight import paper_stand_ins
+    from transformers import AutoConfig
+    c = R.model_config("dipper-paraphraser-xxl")                       # google/t5-v1_1-xxl's shape
+    assert (c.d_model, c.d_ff, c.num_layers, c.num_decoder_layers, c.num_heads, c.d_kv, c.vocab_size) == (4096, 10240, 24, 24, 64, 64, 32128)
+    assert c.is_gated_act and getattr(c, "scale_decoder_outputs", not c.tie_word_embeddings) is False   # v1.1: no rescaled head
+    built = []
+    monkeypatch.setattr(R, "build_rehearsal_models", lambda folder=None, scale="full", seed=0, names=None:
+                        built.append(list(names)) or {n: tmp_path / n for n in names})
+    cfg = resolve_config("rehearsal", overrides={"rehearsal.scale": "layers"})
+    assert "dipper-paraphraser-xxl" not in built[-1] and cfg.dipper.model is None   # not a paper method: not built, no hub id
+    cfg = resolve_config("rehearsal", methods=["m1", "dipper"], overrides={"rehearsal.scale": "layers"})
+    assert "dipper-paraphraser-xxl" in built[-1]
+    assert cfg.dipper.model == str(tmp_path / "dipper-paraphraser-xxl") and cfg.dipper.tokenizer is None
+    assert "dipper-paraphraser-xxl" not in paper_stand_ins()                        # the preflight's list: the paper's methods
+    paper = PROFILES["paper"].to_dict()
+    assert not [r for r in R.paper_workload(paper) if "dipper" in r["what"]]
+    rows = [r for r in R.paper_workload({**paper, "methods": paper["methods"] + ["dipper"]}) if "dipper" in r["what"]]
+    assert [r["kind"] for r in rows] == ["prefill_encoder", "decode_decoder"] and all(r["dtype"] == "bfloat16" for r in rows)
+    assert rows[0]["seqs"] == 1000 * 2 * 4                              # texts x (L, O) pairs x windows of 3 x 28 tokens in 300
