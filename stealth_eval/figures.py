@@ -845,12 +845,12 @@ def plot_human_attack(table, ds: str, path, fpr: float = 0.01) -> dict:
         ax.axvline(fpr, color=".35", ls=":", lw=0.9, label=f"target FPR {fpr:g}")
         if (m0 := data[det]["m0"]):
             ax.errorbar([m0["fpr"]], [m0["tpr"]], xerr=_err(m0["fpr"], m0["fpr_lo"], m0["fpr_hi"]), yerr=_err(m0["tpr"], m0["tpr_lo"], m0["tpr_hi"]),
-                        fmt="o", color="black", ms=4.5, elinewidth=0.8, capsize=1.5, label="M0 (no attack)", zorder=3)
+                        fmt="o", color="black", ms=3.5, elinewidth=0.8, capsize=1.5, label="M0 (no attack)", zorder=5)   # on top: small
         for p in data[det]["points"]:
             col = method_color(p["method"])
             ax.errorbar([p["fpr"]], [p["tpr"]], xerr=_err(p["fpr"], p["fpr_lo"], p["fpr_hi"]), yerr=_err(p["tpr"], p["tpr_lo"], p["tpr_hi"]),
                         fmt=marker[p["attack"].partition("+")[0]], color=col, mfc="white" if p["defense"] != "none" else col, ms=4.5,
-                        elinewidth=0.8, capsize=1.5, alpha=0.9, label=p["short"], zorder=4)
+                        elinewidth=0.8, capsize=1.5, alpha=0.9, label=p["short"], zorder=3 if p["defense"] != "none" else 4)
         ax.set_xlim(-0.02 * xmax, xmax); ax.set_ylim(-0.03, 1.03); ax.set_title(det)
     for k, ax in enumerate(axes.flat):
         if k >= len(dets): ax.axis("off")
