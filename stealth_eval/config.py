@@ -104,6 +104,8 @@ NAMED = {   # setting -> (the registry its names are in, the test a component mu
     "m3_ensemble": ("detector", None, ""),
     "sanitize": ("method", None, ""),
     "recursive.methods": ("method", lambda m: m.applies_to == "ai" and m.name not in ("recursive", BASELINE), "cannot be recursed"),
+    "human_attacks": ("method", lambda m: m.applies_to == "ai" and m.name != "m0",
+                      "is no attack on AI texts (m0 is the unattacked text; a method with applies_to='human' edits human texts already)"),
     "acceptance.method": ("method", None, ""),
     "api.spend_limit": ("detector", lambda d: d.family == "commercial", "is not an API detector"),
     "api.base_url": ("detector", lambda d: d.family == "commercial", "is not an API detector"),

@@ -28,9 +28,9 @@ __all__ = ['ABBREV', 'PALETTE', 'HEATMAP_CMAP', 'IN_REWARD_COLOR', 'COLUMN_IN', 
            'text_color', 'plot_heatmap', 'in_reward_cells', 'pareto_front', 'tradeoff_data', 'place_labels',
            'plot_tradeoff', 'budget_sweep_data', 'plot_budget_sweep', 'roc_curve', 'strongest_attack', 'roc_data',
            'plot_roc', 'shield_data', 'plot_shield', 'apt_domain_data', 'plot_apt_domains', 'plot_beemo_edits',
-           'fpr_transfer_data', 'plot_fpr_transfer', 'detector_models', 'main_table', 'transfer_data', 'transfer_table',
-           'sanitize_rows', 'sanitize_table', 'plot_sanitize', 'mark_non_ascii', 'spread_conditions', 'qual_examples',
-           'run_figures_stage']
+           'fpr_transfer_data', 'plot_fpr_transfer', 'human_attack_data', 'plot_human_attack', 'detector_models',
+           'main_table', 'transfer_data', 'transfer_table', 'sanitize_rows', 'sanitize_table', 'plot_sanitize',
+           'mark_non_ascii', 'spread_conditions', 'qual_examples', 'run_figures_stage']
 
 # %% ../nbs/40_figures.ipynb #623d8554
 def split_condition(c: str) -> tuple:
@@ -790,6 +790,80 @@ def plot_fpr_transfer(table, path, fpr: float = 0.01) -> dict:
     _save(fig, path)
     return data
 
+# %% ../nbs/40_figures.ipynb #f4b3fca1
+def human_attack_data(table, ds: str, fpr: float = 0.01) -> dict:
+    """{detector: {'points': [{attack, method, defense, short, fpr, fpr_lo, fpr_hi, tpr, tpr_lo, tpr_hi, n_human, n_ai}],
+    'm0': {fpr, fpr_lo, fpr_hi, tpr, tpr_lo, tpr_hi} or None}} of family `human_attack` on `ds` at FPR target `fpr`."""
+    at = lambda x: np.isclose(x["fpr_target"].to_numpy(np.float64), fpr, rtol=0, atol=1e-12)
+    t = table[(table["family"] == "human_attack") & (table["dataset"] == ds)]
+    t = t[at(t)]
+    if not len(t): return {}
+    m = table[(table["family"] == "main") & (table["dataset"] == ds) & (table["metric"] == "tpr") & (table["condition"] == "m0")
+              & table["aggregate"].isna()]
+    m = m[at(m)]
+    first = lambda x, metric: None if not len(y := x[x["metric"] == f"human_attack:{metric}"]) else y.iloc[0]
+    num = lambda r, col: float("nan") if r is None or pd.isna(r[col]) else float(r[col])
+    out = {}
+    for det, g in t.groupby("detector", sort=False):
+        pts = []
+        for (att, defense), x in g.groupby(["group", "defense"], sort=False):
+            f, a = first(x[x["label"] == "human"], "fpr"), first(x[x["label"] == "ai"], "tpr")
+            if f is None: continue
+            method, setting, _ = split_condition(att)
+            pts.append({"attack": att, "method": method, "defense": defense, "short": short_label(method, parse_setting(setting), defense),
+                        **{f"fpr{s}": num(f, c) for s, c in (("", "value"), ("_lo", "ci_low"), ("_hi", "ci_high"))},
+                        **{f"tpr{s}": num(a, c) for s, c in (("", "value"), ("_lo", "ci_low"), ("_hi", "ci_high"))},
+                        "n_human": int(num(f, "n_human")) if not pd.isna(f["n_human"]) else 0,
+                        "n_ai": int(num(a, "n_ai")) if a is not None and not pd.isna(a["n_ai"]) else 0})
+        pts.sort(key=lambda p: condition_key(p["attack"]))
+        clean = first(g[(g["label"] == "human") & (g["defense"] == "none")], "fpr_clean")
+        m0 = m[m["detector"] == det]
+        out[det] = {"points": pts, "m0": None if clean is None or not len(m0) else {
+            **{f"fpr{s}": num(clean, c) for s, c in (("", "value"), ("_lo", "ci_low"), ("_hi", "ci_high"))},
+            **{f"tpr{s}": num(m0.iloc[0], c) for s, c in (("", "value"), ("_lo", "ci_low"), ("_hi", "ci_high"))}}}
+    return out
+
+def _err(v, lo, hi) -> list:
+    "Error-bar lengths [[below], [above]] of a point and its interval (none where the interval is missing)."
+    return [[max(0.0, v - lo) if not (math.isnan(v) or math.isnan(lo)) else 0.0], [max(0.0, hi - v) if not (math.isnan(v) or math.isnan(hi)) else 0.0]]
+
+@themed
+def plot_human_attack(table, ds: str, path, fpr: float = 0.01) -> dict:
+    "Write the FPR-under-attack figure of `ds` (a panel per detector: FPR on attacked human texts vs TPR on attacked AI texts); {} if no data."
+    data = human_attack_data(table, ds, fpr)
+    if not data: return {}
+    plt = _plt()
+    dets = list(data)
+    nc = min(len(dets), 4); nr = -(-len(dets) // nc)
+    w = COLUMN_IN if nc == 1 else PAGE_IN
+    fig, axes = plt.subplots(nr, nc, figsize=(w, min(w / nc, 2.1) * nr + 1.2), sharex=True, sharey=True, squeeze=False, layout="constrained")
+    attacks = list(dict.fromkeys(p["attack"].partition("+")[0] for d in dets for p in data[d]["points"]))
+    marker = {a: "sD^vP<>pXh*o"[i % 12] for i, a in enumerate(attacks)}     # one marker per attack (its defended twin: open)
+    xs = [v for d in dets for p in data[d]["points"] + [data[d]["m0"] or {}] for v in (p.get("fpr"), p.get("fpr_hi")) if v is not None and not math.isnan(v)]
+    xmax = max([2.5 * fpr] + xs) * 1.08
+    for ax, det in zip(axes.flat, dets):
+        ax.axvline(fpr, color=".35", ls=":", lw=0.9, label=f"target FPR {fpr:g}")
+        if (m0 := data[det]["m0"]):
+            ax.errorbar([m0["fpr"]], [m0["tpr"]], xerr=_err(m0["fpr"], m0["fpr_lo"], m0["fpr_hi"]), yerr=_err(m0["tpr"], m0["tpr_lo"], m0["tpr_hi"]),
+                        fmt="o", color="black", ms=3.5, elinewidth=0.8, capsize=1.5, label="M0 (no attack)", zorder=5)   # on top: small
+        for p in data[det]["points"]:
+            col = method_color(p["method"])
+            ax.errorbar([p["fpr"]], [p["tpr"]], xerr=_err(p["fpr"], p["fpr_lo"], p["fpr_hi"]), yerr=_err(p["tpr"], p["tpr_lo"], p["tpr_hi"]),
+                        fmt=marker[p["attack"].partition("+")[0]], color=col, mfc="white" if p["defense"] != "none" else col, ms=4.5,
+                        elinewidth=0.8, capsize=1.5, alpha=0.9, label=p["short"], zorder=3 if p["defense"] != "none" else 4)
+        ax.set_xlim(-0.02 * xmax, xmax); ax.set_ylim(-0.03, 1.03); ax.set_title(det)
+    for k, ax in enumerate(axes.flat):
+        if k >= len(dets): ax.axis("off")
+        elif k + nc >= len(dets):                      # no panel below: this one carries the x axis
+            ax.xaxis.set_tick_params(labelbottom=True); ax.set_xlabel(_wrap("FPR on attacked human texts", w / nc - 0.3))
+    fig.supylabel("TPR on attacked AI texts")
+    _fig_legend(fig, ncol=2 if w == COLUMN_IN else 4)
+    fig.suptitle(_wrap(f"{ds}: false-positive rate under attack vs detection (threshold calibrated on clean human texts at "
+                       f"FPR {fpr:g}; 95% bootstrap intervals)", w - 0.2))
+    _save(fig, path)
+    return data
+
+
 # %% ../nbs/40_figures.ipynb #e1e2ee8b
 def _fmt(v, nd=3): return "–" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.{nd}f}"
 
@@ -1010,7 +1084,8 @@ def run_figures_stage(cfg: dict) -> list:
     out = Path(cfg["out_dir"])
     _MARK["rehearsal"] = bool(cfg.get("rehearsal"))
     (out / "figures").mkdir(parents=True, exist_ok=True); (out / "tables").mkdir(parents=True, exist_ok=True)
-    r = results_frame(pd.read_parquet(out / "metrics.parquet"))
+    table = pd.read_parquet(out / "metrics.parquet")
+    r = results_frame(table)
     skipped = read_json(out / "skipped.json") if (out / "skipped.json").exists() else {}
     quality = read_json(out / "quality_summary.json") if (out / "quality_summary.json").exists() else {}
     sim_name = cfg.get("embedder", "embedder")
@@ -1031,6 +1106,9 @@ def run_figures_stage(cfg: dict) -> list:
         roc_path = fig / f"fig_roc_{ds}.png"
         if plot_roc(scores, r, ds, roc_path, metrics_module.valid_set(cfg)): written.append(roc_path)
         else: notes[_rel(roc_path, out)] = "no detector has both a valid unedited human text to calibrate on and a scored AI text"
+        ha_path, ha = fig / f"fig_fpr_attack_{ds}.png", table[(table["family"] == "human_attack") & (table["dataset"] == ds)]
+        if len(ha) and plot_human_attack(table, ds, ha_path, metrics_module._pick_alpha(ha)): written.append(ha_path)
+        else: notes[_rel(ha_path, out)] = "no attack ran on this dataset's human texts (setting human_attacks) with a calibrated detector"
     if not any(Path(p).name == "fig_sanitize.png" for p in written):
         notes["figures/fig_sanitize.png"] = notes["tables/table_sanitize.md"] = "no condition was scored both with and without the sanitize defense"
     optional = [("figures/fig_tradeoff.png", lambda p: plot_tradeoff(r, quality, p, sim_name),
@@ -1039,7 +1117,7 @@ def run_figures_stage(cfg: dict) -> list:
                  "no method was run with two or more candidate budgets (settings N=...)"),
                 ("figures/fig_shield.png", lambda p: plot_shield(r, p),
                  "no SHIELD condition (shield:strategy=...,p=... or rounds=...) in this run")]
-    optional.append(("figures/fig_fpr_transfer.png", lambda p: plot_fpr_transfer(pd.read_parquet(out / "metrics.parquet"), p),
+    optional.append(("figures/fig_fpr_transfer.png", lambda p: plot_fpr_transfer(table, p),
                      "one dataset in this run: no threshold travels (the realised-FPR heatmap needs two or more)"))
     optional.append(("figures/fig_apt_domains.png",
                      lambda p: plot_apt_domains(read_json(out / "metrics_apt.json"), p) if (out / "metrics_apt.json").exists() else {},

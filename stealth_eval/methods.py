@@ -16,8 +16,9 @@ from .data import load_run_dataset, text_validity
 from .models import row_seed
 
 # %% auto #0
-__all__ = ['method_m0', 'confusable_inverse', 'script_of', 'confusable_classes', 'native', 'homoglyph_table', 'homoglyph_attack',
-           'method_m5', 'text_script', 'sanitize', 'condition_name', 'run_methods_stage', 'methods_summary']
+__all__ = ['HUMAN_SIDE', 'method_m0', 'confusable_inverse', 'script_of', 'confusable_classes', 'native', 'homoglyph_table',
+           'homoglyph_attack', 'method_m5', 'text_script', 'sanitize', 'condition_name', 'human_side', 'attacked_human',
+           'ai_side', 'run_methods_stage', 'methods_summary']
 
 # %% ../nbs/10_methods.ipynb #128b1389
 def method_m0(item: dict, cfg: dict) -> list:
@@ -178,6 +179,21 @@ def condition_name(method: str, setting: str, defense: str = "none") -> str:
     "The key of a (method, setting, defense) in metrics and tables: `m5:homoglyph_p=0.01+sanitize`."
     return method + (f":{setting}" if setting else "") + ("" if defense == "none" else f"+{defense}")
 
+HUMAN_SIDE = "human"   # the last word of the setting of an attack's outputs on human texts (setting `human_attacks`)
+
+def human_side(setting: str) -> str:
+    "The setting of an attack's outputs on human texts: its setting on AI texts with the word `human` at the end."
+    return f"{setting},{HUMAN_SIDE}" if setting else HUMAN_SIDE
+
+def attacked_human(method: str, setting) -> bool:
+    "Whether a row's (method, setting) are an attack's output on a human text (`human_side`); M0 is no attack."
+    return method != "m0" and isinstance(setting, str) and setting.split(",")[-1] == HUMAN_SIDE
+
+def ai_side(setting: str) -> str:
+    "The inverse of `human_side`: the setting of the same attack on AI texts."
+    parts = setting.split(",")
+    return ",".join(parts[:-1]) if parts[-1] == HUMAN_SIDE else setting
+
 # %% ../nbs/10_methods.ipynb #c56ccc09
 def _outputs_rows(r, out, method, defenses, vcfg, base):
     "Rows of one output: every candidate, each with its validity; the all-invalid policy applied to rank 0."
@@ -208,6 +224,11 @@ def run_methods_stage(cfg: dict, cache: Cache | None = None):
         write_json(out_dir / "skipped.json", {k: v for k, v in read_json(out_dir / "skipped.json").items() if k != "methods"})
     vcfg = cfg["validity"]
     rows, skipped = [], {}
+    human_attacks = [m for m in cfg.get("human_attacks") or [] if m in cfg["methods"]]
+    for m in (m for m in cfg.get("human_attacks") or [] if m not in cfg["methods"]):
+        why = "not among the run's methods: no attack on AI texts to set its false-positive rate beside"
+        record_skipped(cfg, f"{m} on human texts", why)
+        get_logger().warning(f"human_attacks: {m} skipped: {why}")
     for spec in cfg["datasets"]:
         df = load_run_dataset(cfg["out_dir"], spec["name"])
         base = lambda r, **kw: {"dataset": spec["name"], "sample_id": r["id"], "source_id": r.get("source_id") or r["id"],
@@ -234,6 +255,7 @@ def run_methods_stage(cfg: dict, cache: Cache | None = None):
             meth = METHODS.get(m)
             defenses = ("none", "sanitize") if m in cfg["sanitize"] else ("none",)
             on_human = meth.applies_to == "human"
+            also_human = m in human_attacks and not on_human and m != "m0"   # the attack on human texts too (`human_side`)
             if m == "m0" and not on_human:
                 # Invalid inputs are not attacked: recorded once, as M0 (other methods count them as missing outputs).
                 # Texts a benchmark already edited (a paraphrase attack, an expert edit) are evaluated as they are,
@@ -244,6 +266,8 @@ def run_methods_stage(cfg: dict, cache: Cache | None = None):
                                       text_out=r["text"] if d == "none" else sanitize(r["text"]), valid=r["valid"],
                                       fail_reason=r["fail_reason"] and f"input: {r['fail_reason']}", facts={}) for d in defenses]
             targets = [r for r in (humans if on_human else ai) if r["valid"] and not edit_of(r)]
+            n_ai = len(targets)
+            if also_human: targets += [r for r in humans if r["valid"] and not edit_of(r)]   # one call: one device batch
             if not targets: continue
             try:
                 per_item = meth.apply([{**r, "dataset": spec["name"]} for r in targets], cfg, cache)
@@ -252,8 +276,10 @@ def run_methods_stage(cfg: dict, cache: Cache | None = None):
                 record_skipped(cfg, m, str(e))
                 get_logger().warning(f"method {m} skipped: {e}")
                 continue
-            for r, outs in zip(targets, per_item):
-                for out in outs: rows += _outputs_rows(r, out, m, defenses, vcfg, base)
+            for k, (r, outs) in enumerate(zip(targets, per_item)):
+                for out in outs:
+                    if k >= n_ai: out = {**out, "setting": human_side(out["setting"])}   # a human text under the attack
+                    rows += _outputs_rows(r, out, m, defenses, vcfg, base)
     for r in rows: r["condition"] = condition_name(r["method"], r["setting"], r["defense"])
     write_jsonl(out_dir / "raw_outputs.jsonl", rows)
     write_json(out_dir / "cache_stats" / "10_methods.json", cache.stats())

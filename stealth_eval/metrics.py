@@ -23,8 +23,9 @@ __all__ = ['SHIELD_K', 'SHIELD_LAMBDA', 'WAUROC_TIES', 'YOUDEN_TIES', 'APT_CALIB
            'compute_shield', 'tau_rows', 'fit_youden_threshold', 'tau_cv', 'compute_tau', 'tau_table2', 'polish_level',
            'threshold_max_accuracy', 'accuracy_rows', 'compute_apt', 'beemo_version', 'edit_range_labels', 'edit_range',
            'beemo_edit_facts', 'compute_beemo', 'bin_labels', 'length_bin', 'masked_rate_rows', 'compute_deployment',
-           'metrics_long', 'metrics_json_from_table', 'sample_counts', 'results_info', 'output_polishers',
-           'run_metrics_stage', 'metrics_table', 'detector_validity', 'validity_note', 'extra_tables']
+           'compute_human_attacks', 'metrics_long', 'metrics_json_from_table', 'sample_counts', 'results_info',
+           'output_polishers', 'run_metrics_stage', 'metrics_table', 'detector_validity', 'validity_note',
+           'extra_tables']
 
 # %% ../nbs/30_calibration_metrics.ipynb #57c2c967
 def threshold_at_fpr(h, alpha: float):
@@ -1043,6 +1044,55 @@ def compute_deployment(scores, cfg: dict) -> list:
     if len({c["dataset"] for c in sets}) >= 2: rows += _transfer_rows(sets, cfg.get("calibrate_on") or "", level)
     return rows
 
+# %% ../nbs/30_calibration_metrics.ipynb #9edd2a37
+def _condition_parts(rows) -> list:
+    "(condition, method, setting) of each condition of `rows`: their columns, or parsed from the name (`method:setting+defense`)."
+    info = rows.drop_duplicates("condition")
+    if {"method", "setting"} <= set(info.columns):
+        return list(zip(info["condition"], info["method"], info["setting"].fillna("")))
+    parts = [c.partition("+")[0].partition(":") for c in info["condition"]]
+    return [(c, m, st) for c, (m, _, st) in zip(info["condition"], parts)]
+
+def compute_human_attacks(scores, cfg: dict) -> list:
+    """Family `human_attack` (records for `metrics_long`): per (dataset, defense, detector, attack run on human texts
+    too, FPR target) the FPR of the clean-human threshold on the attacked human texts, the clean FPR and their
+    difference, beside the TPR and ASR of the same attack on AI texts; the threshold refitted in every resample."""
+    from stealth_eval.methods import ai_side, attacked_human, condition_name
+    level, B, seed = cfg["ci_level"], cfg["n_bootstrap"], cfg["seed"]
+    nan_b = np.full(B, np.nan)
+    rows = []
+    for c in calibration_sets(scores, cfg):
+        ds, defense, hr = c["dataset"], c["defense"], c["hum_rows"]
+        attacks = {cond: condition_name(m, ai_side(st), defense) for cond, m, st in _condition_parts(hr) if attacked_human(m, st)}
+        if not attacks: continue
+        for det in c["calibrated"]:                 # a detector with no calibration has no threshold: no row (its reason: main)
+            h, hid, idx_h = human_scores(c, det)
+            mine = hr[hr["detector_name"] == det]
+            Hx, conds = _pivot(mine, "sample_id", "condition"), condition_scores(c, det)
+            for hc, ac in sorted(attacks.items()):
+                x = Hx[hc].dropna() if hc in Hx else pd.Series(dtype=np.float64)
+                n_bad = int((mine["condition"] == hc).sum()) - len(x)
+                paired = bool(len(x)) and bool(x.index.isin(hid).all())
+                if paired: xa, ix = x.reindex(hid).to_numpy(np.float64), idx_h     # through the calibration draw
+                else: xa, ix = x.to_numpy(np.float64), _resample(len(x), B, seed, ds, defense, "human-attack", hc)
+                for alpha in cfg["fpr_targets"]:
+                    t, tb = threshold_at_fpr(h, alpha), threshold_at_fpr(h[idx_h], alpha)   # clean humans, refitted per resample
+                    f0, f0_b = float((h >= t).mean()), tpr_rows(h[idx_h], tb)
+                    f, f_b = (tpr_rows(xa, [t])[0], tpr_rows(xa[ix], tb)) if len(x) else (np.nan, nan_b)
+                    e = {"n_human": int(len(x)), "n_human_invalid": n_bad, "threshold": float(t),
+                         "pairing": "by source text (the calibration draw)" if paired else "independent",
+                         **_summarise("fpr", f, f_b, level), **_summarise("fpr_clean", f0, f0_b, level),
+                         **_summarise("delta_fpr", f - f0, f_b - f0_b, level)}
+                    rows.append(_dep_row("human_attack", ds, det, defense, "human", ac, alpha, e, hc))
+                    if ac not in conds: continue             # the attack has no AI text here (e.g. every output invalid)
+                    a, ia = conds[ac]
+                    tp, tp_b = tpr_rows(a, [t])[0], tpr_rows(a[ia], tb)
+                    ea = {"n_ai": int((~np.isnan(a)).sum()), "n_ai_invalid": int(np.isnan(a).sum()),
+                          **_summarise("tpr", tp, tp_b, level), **_summarise("asr", 1 - tp, 1 - tp_b, level)}
+                    rows.append(_dep_row("human_attack", ds, det, defense, "ai", ac, alpha, ea, ac))
+    return rows
+
+
 # %% ../nbs/30_calibration_metrics.ipynb #ac0f81e7
 import json as _json
 import re as _re
@@ -1060,7 +1110,8 @@ _FPR_KEY = _re.compile(r"(?P<pre>" + "|".join(_FPR_BASES) + r")(?P<k>1|@[0-9.eE+
 HIGHER_IS_BETTER = {**dict.fromkeys(["auc", "tpr", "tpr_pooled", "accuracy_acc", "accuracy_fpr5", "tpr_orig", "delta_tpr", "wauroc", "wauroc_mean", "auc_mean", "youden_tpr", "youden_j",
                                      "sfd", "urss", "tau", "tau_two_sided", "tau_cv"], True),
                     **dict.fromkeys(["asr", "fpr_human", "fpr_achieved", "fpr_realised", "fpr_human_pooled", "flag_rate_acc",
-                                     "flag_rate_fpr5", "fpr_calib", "fpr_calib_acc", "fpr_calib_fpr5", "flag_rate", "fpr_neg", "sigma_fpr", "risk", "risk_cv"], False)}
+                                     "flag_rate_fpr5", "fpr_calib", "fpr_calib_acc", "fpr_calib_fpr5", "flag_rate", "fpr_neg", "sigma_fpr", "risk", "risk_cv",
+                                     "fpr", "fpr_clean", "delta_fpr"], False)}
 
 def _split_key(key: str) -> tuple:
     "(metric, fpr_target) of a result-file key: 'tpr1_orig' -> ('tpr_orig', 0.01), 'asr' -> ('asr', 0.01), 'auc' -> ('auc', None)."
@@ -1174,7 +1225,7 @@ def metrics_long(scores, metrics: dict, thresholds: dict, shield: dict | None = 
             for task, rr in tt.items():
                 for lab, e in rr.items():
                     rows += _entry_rows(e, base("beemo", ds, det, defense=e.get("defense"), group=task, scenario=f"expert_edit_pct={lab}"), "beemo", skip=("defense",))
-    for r in deployment or []:   # per-domain thresholds, threshold transfer, length strata (compute_deployment)
+    for r in deployment or []:   # per-domain thresholds, transfer, length strata (compute_deployment), FPR under attack (compute_human_attacks)
         e = {k: (float("nan") if k == "threshold" and v is None else v) for k, v in r["entry"].items()}
         rows += _entry_rows(e, base(r["family"], r["dataset"], r["detector"], r["condition"], defense=r["defense"],
                                     label=r["label"], group=r["group"]), r["family"], fpr=r["fpr"])
@@ -1215,7 +1266,10 @@ def metrics_json_from_table(t) -> dict:
 RESULT_FILES = {
     "metrics.parquet": "the long table: one row per (family, dataset, detector | aggregate, condition, method, setting, defense, group, "
                        "scenario, fpr_target, metric) with value, boot_mean, ci_low, ci_high, has_ci, n_human, n_ai, n_invalid, "
-                       "n_detectors, higher_is_better, detail; every file below but quality is a view of it",
+                       "n_detectors, higher_is_better, detail; every file below but quality is a view of it; family human_attack (setting "
+                       "human_attacks): per attack run on human texts too, the FPR of the clean-human threshold on the attacked "
+                       "human texts (fpr, fpr_clean, delta_fpr) beside the TPR and ASR on the attacked AI texts, group = the "
+                       "attack's AI condition",
     "metrics.json": "spec §10.3, written from metrics.parquet: dataset -> detector | 'mean' (over detectors) -> condition -> "
                     "{label, defense, counts, auc, tpr1, tpr1_orig, asr, delta_tpr1, threshold1, fpr1_human or flag_rate1, each "
                     "number with _mean, _ci_low, _ci_high}; a detector with no valid human text to calibrate on (setting valid_set): "
@@ -1293,7 +1347,8 @@ def run_metrics_stage(cfg: dict) -> dict:
     write_json(out / "thresholds.json", thresholds)
     shield, tau = compute_shield(scores, cfg), compute_tau(scores, cfg)
     apt, beemo = compute_apt(scores, cfg, output_polishers(scores)), compute_beemo(scores, cfg)
-    table = metrics_long(scores, metrics, thresholds, shield, tau, apt, beemo, compute_deployment(scores, cfg))
+    views = compute_deployment(scores, cfg) + compute_human_attacks(scores, cfg)   # rows of the long table only
+    table = metrics_long(scores, metrics, thresholds, shield, tau, apt, beemo, views)
     table.to_parquet(out / "metrics.parquet", index=False)
     metrics = metrics_json_from_table(table)                  # metrics.json is a view of the table
     write_json(out / "metrics.json", metrics)
@@ -1639,9 +1694,33 @@ def _deployment_tables(t) -> dict:
     if parts: out["table_length"] = parts
     return out
 
+# %% ../nbs/30_calibration_metrics.ipynb #e8b08dbf
+def _human_attack_tables(t) -> list:
+    "[(md, tex)] of family `human_attack` of the long table `t`: per (dataset, defense), the FPR under attack beside the TPR."
+    t = t[t["family"] == "human_attack"]
+    parts = []
+    for (ds, defense), g in t.groupby(["dataset", "defense"], sort=True):
+        rows = []
+        get = lambda x, m: None if not len(y := x[x["metric"] == f"human_attack:{m}"]) else y.iloc[0]
+        for (det, fpr, att), x in sorted(g.groupby(["detector", "fpr_target", "group"]), key=lambda kv: (kv[0][0], kv[0][1], _cond_order(kv[0][2]))):
+            h, a = x[x["label"] == "human"], x[x["label"] == "ai"]
+            nh = int(h["n_human"].dropna().iloc[0]) if h["n_human"].notna().any() else 0
+            na = int(a["n_ai"].dropna().iloc[0]) if a["n_ai"].notna().any() else "–"
+            rows.append([det, att, f"{fpr:g}", _cell(get(h, "fpr_clean")), _cell(get(h, "fpr")), _cell(get(h, "delta_fpr")),
+                         _cell(get(a, "tpr")), f"{nh} / {na}"])
+        parts.append(_md_tex(f"False-positive rate under attack: {ds} (defense {defense})",
+                             ["detector", "attack", "FPR target", "FPR, clean human texts", "FPR, attacked human texts", "ΔFPR",
+                              "TPR, attacked AI texts", "n human / AI"], rows,
+                             ["Each threshold is calibrated on the clean human texts only (the target FPR); the attacked human texts "
+                              "(setting `human_attacks`) are judged at it, never calibrated on. ΔFPR = FPR on the attacked human texts "
+                              "minus FPR on their clean sources. 95% bootstrap intervals: the threshold refitted on every resample of "
+                              "the clean human texts, each attacked human text resampled with its source."]))
+    return parts
+
+
 # %% ../nbs/30_calibration_metrics.ipynb #554dc4de
 def extra_tables(out_dir) -> list:
-    """Write tables/table_{shield,tau,apt,beemo,fpr_transfer,domain,length}.{md,tex} for each analysis present in `out_dir`,
+    """Write tables/table_{shield,tau,apt,beemo,fpr_transfer,domain,length,human_attack}.{md,tex} for each analysis present in `out_dir`,
     each with every detector's valid / invalid texts (`validity_note`); return the paths."""
     from stealth_eval.core import atomic_write_text, read_json
     out, written = Path(out_dir), []
@@ -1658,6 +1737,7 @@ def extra_tables(out_dir) -> list:
         if not (out / src).exists(): continue
         parts = fn(read_json(out / src))
         if parts: write(name, parts)
-    if t is not None:   # the deployment views: rows of the long table
+    if t is not None:   # the deployment views and the FPR under attack: rows of the long table
         for name, parts in _deployment_tables(t).items(): write(name, parts)
+        if parts := _human_attack_tables(t): write("table_human_attack", parts)
     return written

@@ -111,8 +111,12 @@ FIGURE_CAPTIONS.update({
     "fig_apt_domains": "APT-Eval Fig. 17: share of AI-polished human texts flagged per domain (rows) and polish level (columns), per detector and their mean, at APT-Eval's accuracy-maximising threshold fitted on its calibration split.",
     "fig_beemo_edits": "Beemo Fig. 4: AUROC of expert-edited vs machine texts per range of the expert's edit percentage (difflib), one line per detector, with 95% bootstrap intervals; n under each range.",
 })
+FIGURE_CAPTIONS["fig_fpr_attack"] = (
+    "False-positive rate under attack: per detector, each attack run on human texts too (setting human_attacks) at (x) the FPR its "
+    "clean-human threshold reaches on the attacked human texts and (y) the TPR on the attacked AI texts, with 95% bootstrap "
+    "intervals; the dotted line is the target FPR, the black point M0, open markers the sanitize defense.")
 FIGURE_ORDER = ["fig_heatmap_t1f", "fig_tradeoff", "fig_budget_sweep", "fig_roc", "fig_shield", "fig_sanitize", "fig_fpr_transfer",
-                "fig_apt_domains", "fig_beemo_edits"]
+                "fig_fpr_attack", "fig_apt_domains", "fig_beemo_edits"]
 
 def figure_caption(name: str) -> str:
     stem = Path(name).stem

@@ -524,6 +524,8 @@ class Settings(Section):
     dipper: Dipper = setting(Dipper(), "DIPPER paraphraser (14_dipper)")
     recursive: Recursive = setting(Recursive(), "recursive paraphrasing of the methods it names (14_dipper)")
     sanitize: list[str] = setting(["m0", "m5"], "registered methods whose outputs are also scored after sanitize()")
+    human_attacks: list[str] = setting([], "attacks of the run's methods also applied to the valid human texts (RAID, DetectRL): "
+                                       "their FPR at the clean-human threshold beside their TPR (never calibrated on)")
     score_max_tokens: int = setting(512, "longer texts are truncated for scoring (recorded per row)", "window")
     score_windows: dict[str, int | str] = setting({}, "registered detector with a token window -> its window ('profile', 'model' or a number of tokens)",
                                                   "window", "profile|model", "profile, model or a number of tokens")
