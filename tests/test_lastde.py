@@ -211,10 +211,12 @@ def test_padded_and_unpadded_passes_are_cached_apart_and_agree_to_what_holds(sha
     assert again == single and cache.stats()["lastde"]["hits"] == 2
 
 
-def test_one_pass_per_text_feeds_the_panel_lastde_dna_and_ghostbusters_stream(sharp, tmp_path):
+def test_one_pass_per_text_feeds_the_panel_lastde_dna_and_ghostbusters_stream(sharp, tmp_path, monkeypatch):
     """#35: the stage runs the scoring LM once per text for the panel, DNA-1, Lastde and Lastde++ (windows 64 and the
     model's 128, texts shorter than both), and Ghostbuster's stream shares that pass where it reads the same tokens;
-    every value equals the one each computation gets with a pass of its own (a fresh store each)."""
+    every value equals the one each computation gets with a pass of its own (a fresh store each). One pass is also one
+    product with the output head: every reader slices the batch's logits made once (`HeadLogits.once`)."""
+    from stealth_eval import detectors as D
     from stealth_eval.core import write_jsonl
     from stealth_eval.detectors import PASSES, fetch_lm_uses, panel_use, run_detectors_stage, score_texts_windows
     from stealth_eval.ghostbuster import token_logprobs, token_logprobs_use
@@ -230,9 +232,15 @@ def test_one_pass_per_text_feeds_the_panel_lastde_dna_and_ghostbusters_stream(sh
     ident = sharp["lm"].identity
     mine = lambda: {k: v for k, v in PASSES.items() if k[0] == ident}
     before = mine()
+    calls = {"pass": 0, "head": 0}
+    lm_logits, getitem = D.lm_logits, D.HeadLogits.__getitem__
+    monkeypatch.setattr(D, "lm_logits", lambda *a: (calls.__setitem__("pass", calls["pass"] + 1), lm_logits(*a))[1])
+    monkeypatch.setattr(D.HeadLogits, "__getitem__", lambda self, k: (calls.__setitem__("head", calls["head"] + 1), getitem(self, k))[1])
     scores = run_detectors_stage(cfg, Cache(tmp_path / "store")).set_index(["detector_name", "sample_id"])
     grown = {k: v - before.get(k, 0) for k, v in mine().items() if v != before.get(k, 0)}
     assert sorted(grown.values()) == [1] * len(texts), grown            # one pass per text, whatever reads it
+    assert calls["pass"] >= 1 and calls["head"] == calls["pass"], calls   # and one head product per batch, for every reader
+    monkeypatch.undo()
     # each detector's value as its computation alone gives it
     alone = score_texts_windows(texts, sharp["path"], cfg, Cache(tmp_path / "a"), [64, 128])
     lst = lastde_scores(texts, cfg, Cache(tmp_path / "b"), 128)
