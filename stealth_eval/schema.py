@@ -523,7 +523,8 @@ class Settings(Section):
     polish: Polish = setting(Polish(), "APT-Eval polishing")
     dipper: Dipper = setting(Dipper(), "DIPPER paraphraser (14_dipper)")
     recursive: Recursive = setting(Recursive(), "recursive paraphrasing of the methods it names (14_dipper)")
-    sanitize: list[str] = setting(["m0", "m5"], "registered methods whose outputs are also scored after sanitize()")
+    sanitize: list[str] = setting(["m0", "m5", "raid"], "registered methods whose outputs are also scored after sanitize() (when they run: "
+                                  "M5's homoglyphs, RAID's homoglyph and zero-width-space attacks are what it undoes)")
     human_attacks: list[str] = setting([], "attacks of the run's methods also applied to the valid human texts (RAID, DetectRL): "
                                        "their FPR at the clean-human threshold beside their TPR (never calibrated on)")
     score_max_tokens: int = setting(512, "longer texts are truncated for scoring (recorded per row)", "window")
