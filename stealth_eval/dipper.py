@@ -88,22 +88,6 @@ def dipper_loop(jobs: list,          # {"text", "prefix", "lex_code", "order_cod
             for s in state]
 
 # %% ../nbs/14_dipper.ipynb #c63f5f0b
-@lru_cache(maxsize=1)
-def _load_dipper(model: str, tokenizer: str, device: str, dtype: str):
-    import torch
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-    from stealth_eval.models import _local_identity, offline_mode
-    get_logger().info(f"loading DIPPER {model} on {device} ({dtype})")
-    try:
-        tok = AutoTokenizer.from_pretrained(tokenizer, local_files_only=offline_mode())
-        m = AutoModelForSeq2SeqLM.from_pretrained(model, local_files_only=offline_mode(), dtype=getattr(torch, dtype))
-    except (OSError, ValueError) as e:
-        raise ComponentUnavailable(f"DIPPER model {model!r} (tokenizer {tokenizer!r}) cannot be loaded "
-                                   f"({str(e).splitlines()[0]}); it must be a local folder, in the hub cache, or reachable") from None
-    p = Path(model).expanduser()
-    ident = f"{p.name}@local:{_local_identity(p)}" if p.is_dir() else f"{model}@{getattr(m.config, '_commit_hash', None)}"
-    return m.to(device).eval(), tok, ident, device
-
 def dipper_dtype(cfg) -> str:
     "The dtype DIPPER's weights compute in: `dipper.dtype`, 'auto' the run's (bfloat16 on a GPU, float32 on a CPU)."
     d = (cfg.get("dipper") or {}).get("dtype", "auto")
@@ -113,7 +97,7 @@ def dipper_dtype(cfg) -> str:
 
 def load_dipper(cfg) -> tuple:
     "(model, tokenizer, identity, device) of the run's DIPPER; ComponentUnavailable when it cannot load here."
-    from stealth_eval.models import available_offline, offline_mode, resolve_device
+    from stealth_eval.models import available_offline, load_seq2seq, offline_mode, resolve_device
     dc = cfg.get("dipper") or {}
     spec = dc.get("model")
     if not spec: raise ComponentUnavailable("no DIPPER model given (dipper.model; the paper's: kalpeshk2011/dipper-paraphraser-xxl)")
@@ -122,7 +106,7 @@ def load_dipper(cfg) -> tuple:
         missing = [s for s in dict.fromkeys([spec, tok]) if not available_offline(s)]
         if missing: raise ComponentUnavailable(f"offline, and {', '.join(map(repr, missing))} neither a local folder nor in the hub cache "
                                                "(no T5 ships offline; the stand-in is dipper_lm)")
-    return _load_dipper(str(spec), str(tok), resolve_device(cfg.get("device", "auto")), dipper_dtype(cfg))
+    return load_seq2seq(str(spec), resolve_device(cfg.get("device", "auto")), dipper_dtype(cfg), tokenizer=str(tok), what="DIPPER model")
 
 # %% ../nbs/14_dipper.ipynb #8ffe3d75
 DIPPER_VERSION = "dipper-v1"   # part of the cache keys; bump when the generation changes

@@ -21,13 +21,13 @@ from .core import StealthEvalError, atomic_write_text, file_sha256, get_logger, 
 # %% auto #0
 __all__ = ['EMBEDDED_LMS', 'LOADS', 'ENCODE_VERSION', 'E5_CONVENTION', 'SAMPLER_VERSION', 'DECODE_CHECK_EVERY', 'CHAT_VERSION',
            'convert_gguf', 'LoadedLM', 'offline_mode', 'available_offline', 'resolve_device', 'device_class',
-           'device_setting', 'lm_kwargs', 'hub_identity', 'lm_identity', 'load_causal_lm', 'use_gqa_sdpa',
-           'load_tokenizer', 'model_max_tokens', 'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches',
-           'default_token_budget', 'scoring_budget', 'pad_batch', 'rows_alone', 'Embedder', 'encoder_max_tokens',
-           'EmbedConvention', 'embedder_source', 'embedder_convention', 'embedder_identity', 'load_embedder',
-           'similarities', 'row_seed', 'counter_uniform', 'seeded_sample', 'SeededSampler', 'kv_cache_arg',
-           'kv_cache_of', 'kv_bytes_per_token', 'decode_rows', 'iter_continuations', 'sample_continuations',
-           'chat_prompt_ids', 'chat_generate']
+           'device_setting', 'lm_kwargs', 'hub_identity', 'lm_identity', 'load_causal_lm', 'load_seq2seq',
+           'use_gqa_sdpa', 'load_tokenizer', 'model_max_tokens', 'make_tiny_lm', 'bucket_length', 'batch_shape',
+           'plan_batches', 'default_token_budget', 'scoring_budget', 'pad_batch', 'rows_alone', 'Embedder',
+           'encoder_max_tokens', 'EmbedConvention', 'embedder_source', 'embedder_convention', 'embedder_identity',
+           'load_embedder', 'similarities', 'row_seed', 'counter_uniform', 'seeded_sample', 'SeededSampler',
+           'kv_cache_arg', 'kv_cache_of', 'kv_bytes_per_token', 'decode_rows', 'iter_continuations',
+           'sample_continuations', 'chat_prompt_ids', 'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
 def _package_dir(pkg: str) -> Path:
@@ -291,6 +291,32 @@ def _load_causal_lm(spec: str, device: str, trust_remote_code: bool, revision: s
     return LoadedLM(spec, identity, model, tok, device, meta, dtype)
 
 load_causal_lm.__wrapped__, load_causal_lm.cache_clear = _fresh_causal_lm, _load_causal_lm.cache_clear
+
+# %% ../nbs/02_models.ipynb #da052729
+@lru_cache(maxsize=2)
+def load_seq2seq(spec: str,                  # hub id or local folder
+                 device: str,                # a concrete device (`resolve_device`)
+                 dtype: str,                 # float32, bfloat16 or float16
+                 tokenizer: str | None = None,  # the tokenizer's hub id or folder (None: the model's own)
+                 what: str = "T5 model"):    # how errors name it ("T5 span filler", "DIPPER model")
+    """A sequence-to-sequence model (T5: the span filler of DetectGPT/NPR/ProxiHuman, DIPPER) and its tokenizer, loaded
+    once per process: `(model, tokenizer, identity, device)`; one that cannot load raises `ComponentUnavailable`, so
+    the component reading it is reported skipped with the reason, never replaced."""
+    import torch
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    from stealth_eval.core import ComponentUnavailable
+    if dtype not in ("float32", "bfloat16", "float16"): raise ValueError(f"{what} dtype {dtype!r}: float32, bfloat16 or float16")
+    get_logger().info(f"loading {spec} on {device} ({dtype})")
+    try:
+        tok = AutoTokenizer.from_pretrained(tokenizer or spec, local_files_only=offline_mode())
+        model = AutoModelForSeq2SeqLM.from_pretrained(spec, local_files_only=offline_mode(), dtype=getattr(torch, dtype))
+    except (OSError, ValueError) as e:
+        raise ComponentUnavailable(f"could not load the {what} {spec!r}{f' (tokenizer {tokenizer!r})' if tokenizer else ''} "
+                                   f"({str(e).splitlines()[0]}); a model cannot be loaded unless it is a local folder, in the "
+                                   "hub cache, or reachable on the hub") from None
+    p = Path(spec).expanduser()
+    ident = f"{p.name}@local:{_local_identity(p)}" if p.is_dir() else f"{spec}@{getattr(model.config, '_commit_hash', None)}"
+    return model.to(device).eval(), tok, ident, device
 
 # %% ../nbs/02_models.ipynb #c0de0003
 def _falcon_gqa_sdpa(self, hidden_states, alibi, attention_mask, position_ids=None, layer_past=None, use_cache=False,
