@@ -161,8 +161,9 @@ class HeadLogits:
 # The output head is most of a small LM's work (Gemma-3-270m: 262,144 words x 640 = 168 M of its 268 M weights), so
 # every reader of a batch computing the logits of its own blocks again was that product once per reader (panel,
 # Lastde, Ghostbuster's stream: three on a CPU run). Within this many bytes a batch's logits are made once (1 GiB: a
-# 1,024-token Gemma text); past it each reader computes its own blocks, as before. On this project's CPUs one product
-# over all positions gives each row the same bits as the blocks of 32 or 64 rows the readers take (checked below).
+# 1,024-token Gemma text); past it each reader computes its own blocks, as before. One product
+# over all positions gives each row the same bits as the blocks of 32 or 64 rows the readers take (measured on this session's Intel Xeon; a partial last block can differ in the last bit, and the example below checks agreement to 1e-6).
+# CUDA's 4 GiB is a budget chosen, not measured (no GPU lent yet): #34's preflight times the scoring pass there.
 FULL_LOGITS_BYTES = {"cpu": 1 << 30, "cuda": 4 << 30}
 
 def lm_logits(lm, ids, mask) -> HeadLogits:

@@ -67,4 +67,5 @@ def test_every_new_attack_runs_through_every_stage(attacks_run):
     assert "raid:zero_width_space" in table
     assert (out / "figures" / "fig_fpr_attack_lee_news.png").stat().st_size > 10_000
     acc = (out / "acceptance.md").read_text()
-    assert "RAID" in acc or "raid" in acc                      # criterion 2b reads the new methods' conditions
+    crit_2b = next(line for line in acc.splitlines() if line.startswith("| **2b**"))
+    assert "`raid:" in crit_2b and "`dipper_lm:L=60,O=60`" in crit_2b   # criterion 2b reads the new methods' conditions
