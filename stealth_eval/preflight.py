@@ -25,10 +25,11 @@ __all__ = ['DEVICE_PEAKS', 'PREFLIGHT_RUN', 'SMALL_LM', 'SMALL_LM_KEYS', 'LORA_S
            'OPTIONAL', 'RUNTIME', 'DEVICE_MARKERS', 'WHEEL_PLATFORMS', 'TREE_LIMIT_MIB', 'device_peaks', 'StepCut',
            'time_budget', 'run_step', 'measure_device', 'device_hw', 'versions', 'paper_stand_ins', 'build_models',
            'preflight_config', 'preflight_texts', 'prefill_work', 'decode_bytes', 'plain_logprobs', 'plain_classify',
-           'plain_embed', 'plain_generate', 'random_lora_adapter', 'executed_lengths', 'measure_path', 'measure_paths',
-           'run_notebooks', 'measured_rates', 'predict_paper', 'prediction_at_measured_rates', 'preflight_prediction',
-           'preflight', 'preflight_report', 'source_imports', 'notebook_imports', 'required_distributions',
-           'check_wheels', 'import_check', 'tree_bytes', 'build_wheels', 'preflight_main', 'wheels_main']
+           'plain_embed', 'plain_generate', 'random_lora_adapter', 'executed_lengths', 'recording_generate',
+           'seq2seq_seconds', 'measure_path', 'measure_paths', 'run_notebooks', 'measured_rates', 'predict_paper',
+           'prediction_at_measured_rates', 'preflight_prediction', 'preflight', 'preflight_report', 'source_imports',
+           'notebook_imports', 'required_distributions', 'check_wheels', 'import_check', 'tree_bytes', 'build_wheels',
+           'preflight_main', 'wheels_main']
 
 # %% ../nbs/09_preflight.ipynb #a6c71d72
 DEVICE_PEAKS = {   # data-sheet figures: dense bf16 tensor-core TFLOP/s (no sparsity), float32 TFLOP/s (no TF32), memory TB/s
@@ -140,8 +141,13 @@ def versions() -> dict:
     return out
 
 # %% ../nbs/09_preflight.ipynb #ff3ec627
-PREFLIGHT_RUN = {   # the notebooks step: a tiny sample at real shapes, every method and detector of the paper profile
-    "data": {"n_per_class": 2, "min_tokens": 350, "max_tokens": 720, "n_train_per_class": 2},
+PREFLIGHT_RUN = {   # the notebooks step: a tiny sample at real shapes, every method and detector of the paper profile,
+    # on texts of 100-250 tokens: random weights run every generation to its cap, and at 350-720 tokens the decode loops
+    # took most of the H200's 79 s of 00_data and 115 s of 10_methods (texts past 512 tokens run in the paths step)
+    "data": {"n_per_class": 2, "min_tokens": 100, "max_tokens": 250, "n_train_per_class": 2},
+    # 128-token buckets, not the paper's 16: a T5 fill batch costs its steps whatever its rows (filler or real), and a
+    # few texts' perturbations over 16-token buckets make a batch each; the notebooks check branches, not rates
+    "score_bucket_tokens": 128,
     "n_candidates": [1, 2], "homoglyph_rates": [0.01], "perturbation": {"n_perturbations": 2, "max_attempts": 2},
     "paraphrase_max_new_ratio": 0.5, "n_bootstrap": 50, "n_examples": 2,
     "shield": {"random_p": [0.1], "swap_p": [0.1], "rounds": [5]}, "polish": {"degrees": ["minor"], "percents": [10]},
@@ -209,12 +215,13 @@ def prefill_work(name: str, scale: str, lengths: list, logits: bool = True, stac
     d, D = _depth(name, scale), _depth(name, "full")
     return float(sum(n * flops_per_token(name, stacks, logits, layers=d) + attention_flops(name, n) * d / D for n in lengths))
 
-def decode_bytes(name: str, scale: str, rows: int, prompt_len: float, new_tokens: int, batch: int) -> float:
+def decode_bytes(name: str, scale: str, rows: int, prompt_len: float, new_tokens: int, batch: int,
+                 dtype: str | None = None) -> float:   # the weights' dtype where the run sets it (T5), else the checkpoint's
     "Bytes a decode loop reads: per step the weights and each row's KV cache at its mean context."
     import math
     from stealth_eval.models import kv_bytes_per_token
     from stealth_eval.rehearsal import model_config, param_split, weight_bytes
-    b = weight_bytes(name)
+    b = weight_bytes(name, dtype)
     steps = math.ceil(rows / batch) * new_tokens
     kv = kv_bytes_per_token(model_config(name, scale), "bfloat16" if b == 2 else "float32")
     return float(steps * (param_split(name, scale)["total"] * b + batch * (prompt_len + new_tokens / 2) * kv))
@@ -334,6 +341,53 @@ def _decode_stats(name: str, scale: str, prompts: list, new: int, batch: int, n_
     return {"kind": "decode", "items": int(n_new), "unit": "new tokens", "per_s": round(n_new / dt, 1), "gb_s": round(gb, 1),
             "pct_bw": round(100 * gb / (hw["hbm_tb_s"] * 1e3), 2)}
 
+@contextmanager
+def recording_generate(model):
+    """While inside, each `model.generate` call's executed shape, `(rows, input length, output length)`, is appended to
+    the list it yields: the work a path really ran, filler rows and redrawn fills included. The model's own method
+    is back on leaving."""
+    calls, own, inner = [], model.__dict__.get("generate"), model.generate
+    def rec(*a, **kw):
+        out = inner(*a, **kw)
+        ids, seq = kw["input_ids"] if "input_ids" in kw else a[0], getattr(out, "sequences", out)
+        calls.append((int(ids.shape[0]), int(ids.shape[1]), int(seq.shape[1])))
+        return out
+    model.generate = rec
+    try: yield calls
+    finally:
+        if own is None: del model.generate
+        else: model.generate = own
+
+def seq2seq_seconds(name: str, scale: str, calls: list, hw: dict, dtype: str | None = None) -> float:
+    """The cost model's time (`06_rehearsal.prefill_seconds`, `decode_seconds`) of executed encoder-decoder `generate`
+    calls `(rows, input length, output length)` of the stand-in `name` at `scale`: each call's encoder pass at
+    `hw['mfu']` of the weights' dtype peak, then each decoder step at the slower of its bytes (weights, every row's keys
+    and values at its mean context) at `hw['bw_eff']` of the bandwidth and its FLOPs at `mfu`."""
+    from stealth_eval.rehearsal import _depth, attention_flops, flops_per_token, weight_bytes
+    peak = (hw["peak_tflops"] if weight_bytes(name, dtype) == 2 else hw["fp32_tflops"]) * 1e12
+    d, D = _depth(name, scale), _depth(name, "full")
+    t = 0.0
+    for R, L, T in calls:
+        new = max(int(T) - 1, 0)                   # the output's first token is the decoder's start token
+        t += prefill_work(name, scale, [L] * R, False, ("encoder.block",)) / (peak * hw["mfu"])
+        if not new: continue
+        ctx = L + new / 2
+        step_bytes = decode_bytes(name, scale, R, L, new, R, dtype) / new
+        step_flops = R * (flops_per_token(name, ("decoder.block",), True, layers=d) + attention_flops(name, ctx) / ctx * d / D)
+        t += new * max(step_bytes / (hw["hbm_tb_s"] * 1e12 * hw["bw_eff"]), step_flops / (peak * hw["mfu"]))
+    return t
+
+def _fill_stats(name: str, scale: str, calls: list, n_fill: int, dt: float, hw: dict, dtype: str | None = None) -> dict:
+    """A T5 fill path: fills/s, the batches it executed, and its share of the roofline: the time its executed work
+    needs at the peak and the full bandwidth (`seq2seq_seconds` at shares of 1) over the time taken. The prediction
+    prices T5's encoder and decoder rows at that share of both (the one share that reproduces the time measured)."""
+    rows = sum(R for R, _, _ in calls)
+    roof = seq2seq_seconds(name, scale, calls, {**hw, "mfu": 1.0, "bw_eff": 1.0}, dtype)
+    return {"kind": "fill", "items": int(n_fill), "unit": "perturbations", "per_s": round(n_fill / dt, 2),
+            "batches": [list(c) for c in calls], "executed_rows": rows, "fill_pct": round(100 * n_fill / max(rows, 1), 1),
+            "decoder_steps": sum(max(T - 1, 0) for _, _, T in calls), "pct_roofline": round(100 * roof / dt, 2),
+            "roofline_share": roof / dt}
+
 def measure_path(rows: list, device: str, path: str, models: list, run, warm=None, baseline=None, stats=None, note: str = "",
                  free: bool = True):   # False: keep the last path's models (the same ones: no second load of 14 GB)
     "One path: free the last path's models, warm up (load + first kernels), time `run`, then the plain `baseline`."
@@ -368,7 +422,7 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
     from stealth_eval.models import load_causal_lm, load_embedder, lm_kwargs, resolve_device, sample_continuations, scoring_budget
     from stealth_eval.paraphrase import load_adapted_lm, method_m3
     from stealth_eval.perturbation import (MASK, _fit_words, load_proxihuman_embedder, load_t5, mask_spans, perturb_texts,
-                                           perturbation_params, t5_fill_length, t5_knobs, t5_masked_text)
+                                           perturbation_params, t5_fill, t5_fill_length, t5_knobs, t5_masked_text)
     from stealth_eval.rehearsal import _name_of
     from stealth_eval.supervised import load_sequence_classifier
     dev, scale = resolve_device(cfg["device"]), cfg["rehearsal"]["scale"]
@@ -447,23 +501,33 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
 
     p, kn = perturbation_params(cfg), t5_knobs(perturbation_params(cfg), cfg)
     t5 = lambda: load_t5(p["t5_model"], cfg["device"], kn["t5_dtype"])
+    # T5 fills: the longest quarter of the texts, whose sources T5's window cuts, so that their masked inputs share few
+    # length buckets; a batch's cost is its steps at its rows, real or filler, so fewer buckets is less time
+    ft = texts[:max(1, len(texts) // 4)]
     def t5_base():
         model, tok = t5()[0], t5()[1]
         jobs = [mask_spans(_fit_words(t, tok, int(p["t5_max_input_tokens"]))[0], p["span_length"], p["pct_words_masked"],
-                           p["buffer_size"], i) for i, t in enumerate(texts) for _ in range(int(p["n_perturbations"]))]
+                           p["buffer_size"], i) for i, t in enumerate(ft) for _ in range(int(p["n_perturbations"]))]
         jobs = [j for j in jobs if j]
         cap = max(t5_fill_length(sum(x is MASK for x in j), p["t5_max_length"], kn["t5_tokens_per_span"]) for j in jobs)
         plain_generate(model, [tok(t5_masked_text(j)).input_ids[:int(p["t5_max_input_tokens"])] for j in jobs], int(p["batch_size"]),
                        tok.pad_token_id, dev, max_length=cap, top_p=float(p["mask_top_p"]))
-    n_fill = len(texts) * int(p["n_perturbations"])
+    n_fill, rec = len(ft) * int(p["n_perturbations"]), {}
+    def fills():
+        with recording_generate(t5()[0]) as rec["calls"]: return perturb_texts(ft, "t5", cfg, fresh())
+    def t5_call():   # the first kernels: one batch of the run's shape rule, four decoder steps (not a whole fill)
+        job = mask_spans(short[0], p["span_length"], p["pct_words_masked"], p["buffer_size"], 0)
+        t5_fill(t5(), [job], [0], max_length=4, batch_tokens=kn["fill_batch_tokens"],
+                granule=int(cfg.get("score_bucket_tokens", 64)), max_rows=int(p["batch_size"]))
     measure_path(rows, dev, "T5 span fills (DetectGPT, NPR)", [_name_of(p["t5_model"])],
-                 lambda: perturb_texts(texts, "t5", cfg, fresh()), t5, t5_base,   # warm-up: the load (a fill batch costs as much as the run)
-                 lambda out, dt: {"kind": "fill", "items": n_fill, "unit": "perturbations", "per_s": round(n_fill / dt, 2)},
-                 note=f"{p['n_perturbations']} perturbations per text; the baseline samples the same masked texts with generate() at the longest cap")
+                 fills, lambda: (t5(), t5_call()), t5_base,   # the call runs on a CPU too: cheap, and CI runs it
+                 lambda out, dt: _fill_stats(_name_of(p["t5_model"]), scale, rec["calls"], n_fill, dt, hw, kn["t5_dtype"]),
+                 note=f"{len(ft)} texts x {p['n_perturbations']} perturbations, T5 in {kn['t5_dtype']}; "
+                      "the baseline samples the same masked texts with generate() at the longest cap, without filler rows")
     if "proxihuman" in cfg["detectors"]:
         d = DETECTORS.get("proxihuman")
         measure_path(rows, dev, "proxihuman (T5 fills + MPNet)", [_name_of(p.get("proxihuman_t5_model") or p["t5_model"]), _name_of(ph)],
-                     lambda: d.compute(texts, cfg, fresh()), lambda: (t5(), load_proxihuman_embedder(ph, cfg)), None,
+                     lambda: d.compute(ft, cfg, fresh()), lambda: (t5(), load_proxihuman_embedder(ph, cfg)), None,
                      lambda out, dt: {"kind": "fill", "items": n_fill, "unit": "perturbations", "per_s": round(n_fill / dt, 2)})
 
     para = cfg["paraphraser"]
@@ -543,7 +607,8 @@ def run_notebooks(partial: dict, out: Path, device: str, scale: str, short: bool
 RATE_PROXIES = {"falcon-7b-instruct": "falcon-7b", "authormist-originality-rehearsal-standin": "qwen3-4b-instruct-2507"}
 
 def measured_rates(paths: list, hw: dict, scale: str) -> dict:
-    "model -> {'mfu': share of the dtype's peak in prefill, 'bw_eff': share of the bandwidth in decode, 'sample_bw_eff'}."
+    """model -> {'mfu': share of the dtype's peak in prefill, 'bw_eff': share of the bandwidth in decode, 'sample_bw_eff'};
+    T5's fill path gives its model one share of both, the share of its roofline that it reached."""
     import math
     from stealth_eval.rehearsal import LOGIT_PASS_BYTES, model_config
     rates = {}
@@ -553,6 +618,8 @@ def measured_rates(paths: list, hw: dict, scale: str) -> dict:
             for m in r["models"]: rates.setdefault(m, {}).setdefault("mfu", r["mfu"])
         if r.get("kind") == "decode" and "LoRA" not in r["path"]:
             rates.setdefault(r["models"][0], {})["bw_eff"] = r["pct_bw"] / 100
+        if r.get("kind") == "fill" and r.get("roofline_share") is not None:   # T5's fills: one share of both (`_fill_stats`)
+            rates.setdefault(r["models"][0], {}).update(mfu=r["roofline_share"], bw_eff=r["roofline_share"])
     for r in paths:   # Lastde++: its time less the pass (at the model's measured prefill share) is the sampling's
         if r.get("status") == "ok" and r["path"].startswith("lastde_pp") and rates.get(r["models"][0], {}).get("mfu", 0) > 0:
             m, n_s = r["models"][0], r["samples"]
@@ -613,18 +680,20 @@ def preflight_prediction(cfg: dict) -> dict | None:
 
 # %% ../nbs/09_preflight.ipynb #297b3bc3
 BUDGETS = {   # seconds per step
-    "gpu": {"environment": 10, "build": 75, "paths": 120, "notebooks": 90, "prediction": 5},              # 5 minutes
+    "gpu": {"environment": 5, "build": 70, "paths": 115, "notebooks": 105, "prediction": 5},              # 5 minutes
     "cpu": {"environment": 30, "build": 600, "paths": 900, "notebooks": 3600, "prediction": 30},
     "cpu-short": {"environment": 20, "build": 300, "paths": 240, "notebooks": 420, "prediction": 20},
 }
 SIZES = {   # texts through each path, decode prompts, new tokens a prompt, M3's texts
-    "gpu": {"texts": 32, "prompts": 32, "new_tokens": 128, "m3_items": 2, "m3_words": None},
+    "gpu": {"texts": 32, "prompts": 32, "new_tokens": 128, "m3_items": 1, "m3_words": 200},   # M3: its pool decodes to the cap
     "cpu": {"texts": 4, "prompts": 4, "new_tokens": 16, "m3_items": 1, "m3_words": None},
     "cpu-short": {"texts": 1, "prompts": 1, "new_tokens": 8, "m3_items": 1, "m3_words": 80},   # M3 on the text's first 80 words
 }
 STEPS = ("environment", "build", "paths", "notebooks", "prediction")
-PATHS_RUN = {   # the paths step: the paper's settings but for the perturbations a text (4, not 100) and the pools (of 2)
-    "perturbation.n_perturbations": 4, "perturbation.max_attempts": 2, "paraphrase_max_new_ratio": 0.5, "n_candidates": [1, 2],
+PATHS_RUN = {   # the paths step: the paper's settings but for the perturbations a text (4, not 100), the pools (of 2) and
+    # one draw a fill: a random T5 often emits too few sentinels, and each redraw round is whole batches again (on the
+    # H200, one redrawn fill cost a batch of 128 rows); the notebooks step runs the redraws
+    "perturbation.n_perturbations": 4, "perturbation.max_attempts": 1, "paraphrase_max_new_ratio": 0.5, "n_candidates": [1, 2],
 }
 SHORT_RUN = {   # --short on a CPU: the layers shapes through 48-token windows (T5: 64), budgets to match (minutes on 2 cores)
     # scoring passes of two 64-token rows: the one text and one dummy row, a padded bucket as on a GPU (4 rows took 3/4 filler)
@@ -751,7 +820,9 @@ def preflight_report(rep: dict) -> str:
           "so every generation runs to its budget (upper bounds).",
           "- % of peak: achieved FLOP/s over the peak of the weights' dtype (the share the prediction uses). % of roofline: the "
           "time the FLOPs need at the peaks (the blocks at their dtype's, a causal LM's scored output head at float32's: "
-          "`LoadedLM.head_fp32`) over the time taken: how close the path is to the physical limit.",
+          "`LoadedLM.head_fp32`) over the time taken: how close the path is to the physical limit. For the T5 fills: the "
+          "time their recorded `generate` calls need (the encoder's FLOPs at the peak, each decoder step's bytes at the full "
+          "bandwidth) over the time taken; the prediction prices T5's rows at that share.",
           "- Batches are shaped by each text's own length and filled to the token budget (a text's result never depends on "
           "its batch mates): with the few texts of a preflight many rows are filler (rows real %), which a paper run's "
           "thousands of texts fill with real rows. The prediction therefore uses the share of the peak reached by the "

@@ -78,6 +78,8 @@ def test_preflight_short_runs_every_step_on_the_cpu(short_preflight):
     prefill = [r for r in paths if r.get("kind") == "prefill"]
     assert prefill and all(r["tflops"] > 0 and r["per_s"] > 0 and r["ratio"] > 0 and 0 < r["fill_pct"] <= 100 for r in prefill)
     assert all(r["gb_s"] > 0 for r in paths if r.get("kind") == "decode")
+    fill = next(r for r in paths if r["path"].startswith("T5 span fills"))   # its generate calls recorded, filler rows included
+    assert fill["batches"] and fill["executed_rows"] >= fill["items"] > 0 and fill["pct_roofline"] > 0, fill
     nb = rep["steps"]["notebooks"]["result"]
     assert nb["returncode"] == 0 and set(nb["stages"]) >= {"00_data", "10_methods", "20_detectors", "30_calibration_metrics", "40_figures"}
     assert all(v["status"] == "ok" for v in nb["stages"].values()), nb["stages"]
@@ -87,6 +89,7 @@ def test_preflight_short_runs_every_step_on_the_cpu(short_preflight):
     assumed = sum(predict_seconds(w) for w in paper_workload(PROFILES["paper"].to_dict())) / 3600
     assert abs(pr["total_assumed_h100_h"] - assumed) < 1e-6 * assumed          # today's prediction, unchanged beside it
     assert sum(v["rows_measured"] for v in pr["stages"].values()) > 0 and pr["total_measured_rate_h"] > 0
+    assert {r["kind"] for r in pr["rows"] if r["model"] == "t5-large" and r["measured"]} == {"prefill_encoder", "decode_decoder"}
 
 
 def test_preflight_refuses_an_unknown_step_budget(tmp_path):
