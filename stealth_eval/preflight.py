@@ -20,16 +20,16 @@ from pathlib import Path
 from .core import StealthEvalError, atomic_write_text, get_logger, read_json, write_json
 
 # %% auto #0
-__all__ = ['DEVICE_PEAKS', 'PREFLIGHT_RUN', 'SMALL_LM', 'SMALL_LM_KEYS', 'LORA_SHAPE', 'RATE_PROXIES', 'BUDGETS', 'SIZES',
-           'STEPS', 'PATHS_RUN', 'SHORT_RUN', 'SHORT_NOTEBOOKS', 'SHORT_NOTEBOOK_RUN', 'DEVICE_IMAGE', 'WHEELS',
-           'OPTIONAL', 'RUNTIME', 'DEVICE_MARKERS', 'WHEEL_PLATFORMS', 'TREE_LIMIT_MIB', 'device_peaks', 'StepCut',
-           'time_budget', 'run_step', 'measure_device', 'device_hw', 'versions', 'paper_stand_ins', 'build_models',
-           'preflight_config', 'preflight_texts', 'prefill_work', 'decode_bytes', 'plain_logprobs', 'plain_classify',
-           'plain_embed', 'plain_generate', 'random_lora_adapter', 'executed_lengths', 'recording_generate',
-           'seq2seq_seconds', 'measure_path', 'measure_paths', 'run_notebooks', 'measured_rates', 'predict_paper',
-           'prediction_at_measured_rates', 'preflight_prediction', 'preflight', 'preflight_report', 'source_imports',
-           'notebook_imports', 'required_distributions', 'check_wheels', 'import_check', 'tree_bytes', 'build_wheels',
-           'preflight_main', 'wheels_main']
+__all__ = ['DEVICE_PEAKS', 'IMPORT_GRACE_S', 'PREFLIGHT_RUN', 'SMALL_LM', 'SMALL_LM_KEYS', 'LORA_SHAPE', 'RATE_PROXIES',
+           'BUDGETS', 'SIZES', 'STEPS', 'PATHS_RUN', 'SHORT_RUN', 'SHORT_NOTEBOOKS', 'SHORT_NOTEBOOK_RUN',
+           'DEVICE_IMAGE', 'WHEELS', 'OPTIONAL', 'RUNTIME', 'DEVICE_MARKERS', 'WHEEL_PLATFORMS', 'TREE_LIMIT_MIB',
+           'device_peaks', 'StepCut', 'time_budget', 'run_step', 'measure_device', 'device_hw', 'versions',
+           'paper_stand_ins', 'build_models', 'preflight_config', 'preflight_texts', 'prefill_work', 'decode_bytes',
+           'plain_logprobs', 'plain_classify', 'plain_embed', 'plain_generate', 'random_lora_adapter',
+           'executed_lengths', 'recording_generate', 'seq2seq_seconds', 'free_models', 'measure_path', 'measure_paths',
+           'run_notebooks', 'measured_rates', 'predict_paper', 'prediction_at_measured_rates', 'preflight_prediction',
+           'preflight', 'preflight_report', 'source_imports', 'notebook_imports', 'required_distributions',
+           'check_wheels', 'import_check', 'tree_bytes', 'build_wheels', 'preflight_main', 'wheels_main']
 
 # %% ../nbs/09_preflight.ipynb #a6c71d72
 DEVICE_PEAKS = {   # data-sheet figures: dense bf16 tensor-core TFLOP/s (no sparsity), float32 TFLOP/s (no TF32), memory TB/s
@@ -49,6 +49,15 @@ def device_peaks(name: str) -> dict | None:
 class StepCut(Exception):
     "Raised inside a step when its time budget is spent."
 
+IMPORT_GRACE_S = 0.05   # a cut that lands inside an import looks again this much later
+
+def _importing(frame) -> bool:
+    "Whether a frame of this stack is the import machinery's (a module being executed by an import)."
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"): return True
+        frame = frame.f_back
+    return False
+
 @contextmanager
 def time_budget(seconds: float):
     "Raise StepCut in the main thread once `seconds` have passed (no timer outside the main thread)."
@@ -56,7 +65,10 @@ def time_budget(seconds: float):
     main = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
     if not main or seconds <= 0:
         yield; return
-    def cut(signum, frame): raise StepCut(f"its budget of {seconds:.0f} s was spent")
+    def cut(signum, frame):
+        if _importing(frame):   # not inside an import: a module cut halfway cannot be imported again (see below)
+            signal.setitimer(signal.ITIMER_REAL, IMPORT_GRACE_S); return
+        raise StepCut(f"its budget of {seconds:.0f} s was spent")
     old = signal.signal(signal.SIGALRM, cut)
     signal.setitimer(signal.ITIMER_REAL, float(seconds))
     try: yield
@@ -388,14 +400,23 @@ def _fill_stats(name: str, scale: str, calls: list, n_fill: int, dt: float, hw: 
             "decoder_steps": sum(max(T - 1, 0) for _, _, T in calls), "pct_roofline": round(100 * roof / dt, 2),
             "roofline_share": roof / dt}
 
+def free_models(device: str):
+    """Let go of every model the project's loaders keep (scoring LMs, classifiers, embedders, T5, the adapted
+    paraphraser) and empty the device's cache: between paths, and after the paths step however it ended, so that
+    the notebooks' child process has the device to itself."""
+    from stealth_eval import models, paraphrase, perturbation
+    from stealth_eval.rehearsal import _free
+    perturbation._load_t5.cache_clear(); models.load_seq2seq.cache_clear(); paraphrase.load_adapted_lm.cache_clear()
+    _free(device)
+
 def measure_path(rows: list, device: str, path: str, models: list, run, warm=None, baseline=None, stats=None, note: str = "",
                  free: bool = True):   # False: keep the last path's models (the same ones: no second load of 14 GB)
     "One path: free the last path's models, warm up (load + first kernels), time `run`, then the plain `baseline`."
-    from stealth_eval.rehearsal import _free, _peak_reset
+    from stealth_eval.rehearsal import _peak_reset
     row = {"path": path, "models": models, "note": note}
     rows.append(row)
     try:
-        if free: _free(device)
+        if free: free_models(device)
         if warm: warm()
         _peak_reset(device)
         out, dt = _timed(run, device)
@@ -528,7 +549,8 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
         d = DETECTORS.get("proxihuman")
         measure_path(rows, dev, "proxihuman (T5 fills + MPNet)", [_name_of(p.get("proxihuman_t5_model") or p["t5_model"]), _name_of(ph)],
                      lambda: d.compute(ft, cfg, fresh()), lambda: (t5(), load_proxihuman_embedder(ph, cfg)), None,
-                     lambda out, dt: {"kind": "fill", "items": n_fill, "unit": "perturbations", "per_s": round(n_fill / dt, 2)})
+                     lambda out, dt: {"kind": "fill", "items": n_fill, "unit": "perturbations", "per_s": round(n_fill / dt, 2)},
+                     free=False)   # the T5 of the last path, kept
 
     para = cfg["paraphraser"]
     name = _name_of(para)
@@ -558,8 +580,7 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
                  lambda: method_m3(items, cfg, fresh()), None, None,
                  lambda out, dt: {"kind": "method", "items": len(items), "unit": "texts", "per_s": round(len(items) / dt, 3)},
                  note="M1's pool, its similarities and every guide's scores, model loads included (no warm-up)")
-    from stealth_eval.rehearsal import _free
-    _free(dev)
+    free_models(dev)
     return partial
 
 # %% ../nbs/09_preflight.ipynb #5ce0b4b0
@@ -739,6 +760,7 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
         texts = preflight_texts(Z["texts"])
         ov = {**PATHS_RUN, **(SHORT_RUN if kind == "cpu-short" else {})}
         step("paths", lambda p: measure_paths(p, preflight_config(dev, scale, ov), texts, hw, Z["prompts"], Z["new_tokens"], Z["m3_items"], Z["m3_words"]))
+        free_models(dev)   # a cut step leaves its models loaded: the notebooks' run needs the device's memory
     nb_scale = "reduced" if short and not cuda else scale
     step("notebooks", run_notebooks, out, dev, nb_scale, kind == "cpu-short")
     if hw:
