@@ -397,10 +397,12 @@ def main():
     scale = args.scale if args.scale != "auto" else ("full" if device.startswith("cuda") else "reduced")   # CPU: a smoke test
     pick = lambda v, g, c: v if v is not None else (g if cuda else c)
     base = Path(args.out); shutil.rmtree(base, ignore_errors=True); base.mkdir(parents=True)
+    names = {"scoring": "falcon-7b", "generation": "qwen3-4b-instruct-2507", "embeddings": "e5-base-v2", "sampler": None, "readers": None}
+    stand_ins = [p for p in args.paths if names[p]]   # the readers path reads the real embedded scoring LM; the sampler no model
     report = {"machine": machine(device), "device": device, "scale": scale, "paths": [],
               "note": "ratio = project / baseline throughput, measured in this run" +
-                      ("" if cuda else "; CPU, reduced shapes: a smoke test, not figures to quote")}
-    names = {"scoring": "falcon-7b", "generation": "qwen3-4b-instruct-2507", "embeddings": "e5-base-v2", "sampler": None, "readers": None}
+                      ("" if cuda or not stand_ins or scale == "full" else
+                       f"; CPU, {', '.join(stand_ins)} on stand-ins at the {scale} shapes: a smoke test, not figures to quote")}
     folders = build_rehearsal_models(scale=scale, names=[names[p] for p in args.paths if names[p]])
     texts = lee_texts(max(pick(args.n_score, 96, 24), pick(args.n_embed, 256, 64), pick(args.n_prompts, 32, 8)))
     for path in args.paths:
