@@ -90,10 +90,8 @@ def dipper_loop(jobs: list,          # {"text", "prefix", "lex_code", "order_cod
 # %% ../nbs/14_dipper.ipynb #c63f5f0b
 def dipper_dtype(cfg) -> str:
     "The dtype DIPPER's weights compute in: `dipper.dtype`, 'auto' the run's (bfloat16 on a GPU, float32 on a CPU)."
-    d = (cfg.get("dipper") or {}).get("dtype", "auto")
-    if d not in (None, "auto"): return str(d)
-    from stealth_eval.paraphrase import _run_dtype
-    return _run_dtype(cfg)
+    from stealth_eval.models import run_dtype
+    return run_dtype(cfg, (cfg.get("dipper") or {}).get("dtype", "auto"))
 
 def load_dipper(cfg) -> tuple:
     "(model, tokenizer, identity, device) of the run's DIPPER; ComponentUnavailable when it cannot load here."

@@ -21,7 +21,7 @@ from .core import StealthEvalError, atomic_write_text, file_sha256, get_logger, 
 # %% auto #0
 __all__ = ['EMBEDDED_LMS', 'LOADS', 'ENCODE_VERSION', 'E5_CONVENTION', 'SAMPLER_VERSION', 'DECODE_CHECK_EVERY', 'CHAT_VERSION',
            'convert_gguf', 'LoadedLM', 'offline_mode', 'available_offline', 'resolve_device', 'device_class',
-           'device_setting', 'lm_kwargs', 'hub_identity', 'lm_identity', 'load_causal_lm', 'load_seq2seq',
+           'device_setting', 'run_dtype', 'lm_kwargs', 'hub_identity', 'lm_identity', 'load_causal_lm', 'load_seq2seq',
            'use_gqa_sdpa', 'load_tokenizer', 'model_max_tokens', 'make_tiny_lm', 'bucket_length', 'batch_shape',
            'plan_batches', 'default_token_budget', 'scoring_budget', 'pad_batch', 'rows_alone', 'Embedder',
            'encoder_max_tokens', 'EmbedConvention', 'embedder_source', 'embedder_convention', 'embedder_identity',
@@ -202,6 +202,13 @@ def device_setting(key: str, value, device: str = "auto"):
     if value not in (None, "auto"): return value
     from stealth_eval.schema import DEVICE_PROFILES
     return DEVICE_PROFILES["cpu" if device_class(device) == "cpu" else "gpu"][key]
+
+def run_dtype(cfg: dict, value="auto") -> str:
+    """A model's dtype in a run: `value` where a setting gives one, else (None or 'auto') the run's `dtype`, itself the
+    device profile's when 'auto' (bfloat16 on a GPU, float32 on a CPU). T5, DIPPER, the paraphrasers and ProxiHuman's
+    embedder read theirs here."""
+    if value not in (None, "auto"): return str(value)
+    return str(device_setting("dtype", cfg.get("dtype", "auto"), cfg.get("device", "auto")))
 
 def lm_kwargs(cfg: dict) -> dict:
     "How a run loads its causal LMs: `load_causal_lm(spec, **lm_kwargs(cfg))` and `lm_identity(spec, **lm_kwargs(cfg))`."

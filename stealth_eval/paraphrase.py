@@ -18,7 +18,7 @@ from .components import METHODS, FunctionMethod
 from .core import (Cache, ComponentUnavailable, StealthEvalError, get_logger, progress, read_jsonl, record_skipped,
                    sha256_text, stable_hash)
 from .data import text_validity
-from .models import kv_cache_arg, kv_cache_of, row_seed
+from .models import kv_cache_arg, kv_cache_of, row_seed, run_dtype
 
 # %% auto #0
 __all__ = ['PARAPHRASE_PROMPT', 'AUTHORMIST_PROMPT', 'CHENG_SYSTEM_PROMPT', 'POOL_VERSION', 'VLLM_LORA_RANKS',
@@ -130,13 +130,6 @@ def generate_answers(target,                 # model spec, LoadedLM or AdaptedSp
                          identity=identity, dtype=cfg.get("dtype", "auto"))
 
 # %% ../nbs/11_paraphrase.ipynb #dec0de11
-def _run_dtype(cfg: dict) -> str:
-    "The dtype the run's causal LMs compute in (its `dtype` setting; 'auto': the device profile's)."
-    d = cfg.get("dtype", "auto")
-    if d not in (None, "auto"): return str(d)
-    from stealth_eval.models import device_setting
-    return device_setting("dtype", "auto", cfg.get("device", "auto"))
-
 def _model_config(spec: str, cfg: dict):
     "A causal LM's configuration, from its files alone (no weights)."
     from transformers import AutoConfig
@@ -156,7 +149,7 @@ def _rows_per_batch(target, messages: list, max_new_tokens, system, cfg: dict) -
     bs, kv = int(cfg.get("paraphrase_batch_size", 8)), cfg.get("decode_kv_gb")
     if kv in (None, "auto") or not messages: return bs
     if isinstance(target, LoadedLM): conf, dtype = target.model.config, next(target.model.parameters()).dtype
-    else: conf, dtype = _model_config(target.base if isinstance(target, AdaptedSpec) else target, cfg), _run_dtype(cfg)
+    else: conf, dtype = _model_config(target.base if isinstance(target, AdaptedSpec) else target, cfg), run_dtype(cfg)
     return decode_rows(conf, _longest_row(_tok(target), messages, system, max_new_tokens), bs, float(kv), dtype)
 
 # %% ../nbs/11_paraphrase.ipynb #a56b88e0
@@ -184,7 +177,7 @@ def vllm_engine_args(cfg: dict,
                      rows: int | None = None) -> dict:  # sequences at once (default: `paraphrase_batch_size`)
     "The arguments of vLLM's `LLM`, every one derived from the run (none left to vLLM's defaults)."
     ctx = -(-int(longest) // 256) * 256
-    args = {"model": model, "seed": int(cfg.get("seed", 0)), "dtype": _run_dtype(cfg),
+    args = {"model": model, "seed": int(cfg.get("seed", 0)), "dtype": run_dtype(cfg),
             "gpu_memory_utilization": float(cfg.get("vllm_memory_share", 0.5)),
             "max_model_len": min(ctx, int(model_max)) if model_max else ctx,
             "max_num_seqs": int(rows or cfg.get("paraphrase_batch_size", 8)),
@@ -225,7 +218,7 @@ def _vllm_generate(target, messages, seeds, cache, cfg, max_new_tokens, temperat
     else: base, adapter, identity = target, None, lm_identity(target, **lm_kwargs(cfg))
     n = len(messages)
     mx = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
-    dtype = _run_dtype(cfg)
+    dtype = run_dtype(cfg)
     keys = [cache.key("chat_generate_vllm", model=identity, message=sha256_text(m), system=system, seed=int(s), max_new=mx[i],
                       temperature=temperature, top_p=top_p, dtype=dtype, vllm=vllm.__version__, version=POOL_VERSION)
             for i, (m, s) in enumerate(zip(messages, seeds))]

@@ -338,9 +338,9 @@ def _fit_words(text: str, tok, max_tokens: int) -> tuple:
 T5_KNOB_DEFAULTS = {k: PERTURBATION_DEFAULTS[k] for k in ("t5_tokens_per_span", "t5_dtype", "fill_batch_tokens")}   # schema's defaults
 
 def perturb_dtype(value: str, cfg: dict) -> str:
-    "A perturbation model's dtype as computed: 'auto' is the run's `dtype` (itself the device profile's when 'auto')."
-    from stealth_eval.models import device_setting
-    return str(value) if value not in (None, "auto") else device_setting("dtype", cfg.get("dtype", "auto"), cfg.get("device", "auto"))
+    "A perturbation model's dtype as computed (`models.run_dtype`): 'auto' is the run's `dtype` (itself the device profile's when 'auto')."
+    from stealth_eval.models import run_dtype
+    return run_dtype(cfg, value)
 
 def t5_knobs(p: dict, cfg: dict | None = None) -> dict:
     """The T5 fill's length, dtype and batching settings from the perturbation settings `p` (`T5_KNOB_DEFAULTS` if unset);
