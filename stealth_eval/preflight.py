@@ -545,6 +545,29 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
                  lambda out, dt: _fill_stats(_name_of(p["t5_model"]), scale, rec["calls"], n_fill, dt, hw, kn["t5_dtype"]),
                  note=f"{len(ft)} texts x {p['n_perturbations']} perturbations, T5 in {kn['t5_dtype']}; "
                       "the baseline samples the same masked texts with generate() at the longest cap, without filler rows")
+    # is a decoder step bound by its rows' bytes or by its kernel launches? One masked text as one batch of the run's rows
+    # and of four times as many, a few dozen steps each: launch-bound, the larger batch costs about the same a step
+    sweep_rows, sweep_steps = [int(p["batch_size"]), 4 * int(p["batch_size"])], (64 if cuda else 8)
+    def sweep():
+        job = mask_spans(_fit_words(ft[0], t5()[1], int(p["t5_max_input_tokens"]))[0], p["span_length"], p["pct_words_masked"], p["buffer_size"], 0)
+        out = []
+        for R in sweep_rows:
+            with recording_generate(t5()[0]) as calls:
+                _, dt = _timed(lambda: t5_fill(t5(), [job] * R, list(range(R)), max_length=sweep_steps + 1, batch_tokens=R * 65536,
+                                               granule=int(cfg.get("score_bucket_tokens", 64)), max_rows=R), dev)
+            roof = seq2seq_seconds(_name_of(p["t5_model"]), scale, calls, {**hw, "mfu": 1.0, "bw_eff": 1.0}, kn["t5_dtype"])
+            out.append({"rows": R, "calls": [list(c) for c in calls], "seconds": round(dt, 3),
+                        "step_ms": round(1e3 * dt / max(sum(T - 1 for _, _, T in calls), 1), 2), "pct_roofline": round(100 * roof / dt, 2)})
+        return out
+    def sweep_stats(out, dt):
+        a, b = out[0], out[-1]
+        return {"kind": "sweep", "items": sum(len(o["calls"]) for o in out), "unit": "batches", "sweep": out,
+                "pct_roofline": b["pct_roofline"], "step_ratio": round(b["step_ms"] / a["step_ms"], 2),
+                "note": f"a decoder step (encoder pass included) took {a['step_ms']} ms at {a['rows']} rows ({a['pct_roofline']}% of "
+                        f"its roofline) and {b['step_ms']} ms at {b['rows']} rows ({b['pct_roofline']}%): {b['step_ms'] / a['step_ms']:.2f}x "
+                        f"the time for {b['rows'] // a['rows']}x the rows (near 1: launch-bound, larger fill batches would be cheaper a fill)"}
+    measure_path(rows, dev, f"T5 decoder step at {sweep_rows[0]} and {sweep_rows[1]} rows", [_name_of(p["t5_model"])],
+                 sweep, None, None, sweep_stats, free=False)   # the T5 of the last path, kept
     if "proxihuman" in cfg["detectors"]:
         d = DETECTORS.get("proxihuman")
         measure_path(rows, dev, "proxihuman (T5 fills + MPNet)", [_name_of(p.get("proxihuman_t5_model") or p["t5_model"]), _name_of(ph)],

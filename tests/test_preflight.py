@@ -80,6 +80,8 @@ def test_preflight_short_runs_every_step_on_the_cpu(short_preflight):
     assert all(r["gb_s"] > 0 for r in paths if r.get("kind") == "decode")
     fill = next(r for r in paths if r["path"].startswith("T5 span fills"))   # its generate calls recorded, filler rows included
     assert fill["batches"] and fill["executed_rows"] >= fill["items"] > 0 and fill["pct_roofline"] > 0, fill
+    sweep = next(r for r in paths if r.get("kind") == "sweep")   # a decoder step at the run's rows and at four times as many
+    assert [o["rows"] for o in sweep["sweep"]] == [4, 16] and all(o["step_ms"] > 0 and o["calls"] for o in sweep["sweep"]), sweep
     nb = rep["steps"]["notebooks"]["result"]
     assert nb["returncode"] == 0 and set(nb["stages"]) >= {"00_data", "10_methods", "20_detectors", "30_calibration_metrics", "40_figures"}
     assert all(v["status"] == "ok" for v in nb["stages"].values()), nb["stages"]
