@@ -20,12 +20,12 @@ from pathlib import Path
 from .core import StealthEvalError, atomic_write_text, get_logger, read_json, write_json
 
 # %% auto #0
-__all__ = ['DEVICE_PEAKS', 'IMPORT_GRACE_S', 'PREFLIGHT_RUN', 'SMALL_LM', 'SMALL_LM_KEYS', 'LORA_SHAPE', 'RATE_PROXIES',
-           'BUDGETS', 'SIZES', 'STEPS', 'PATHS_RUN', 'SHORT_RUN', 'SHORT_NOTEBOOKS', 'SHORT_NOTEBOOK_RUN',
-           'DEVICE_IMAGE', 'WHEELS', 'OPTIONAL', 'RUNTIME', 'DEVICE_MARKERS', 'WHEEL_PLATFORMS', 'TREE_LIMIT_MIB',
-           'device_peaks', 'StepCut', 'time_budget', 'run_step', 'measure_device', 'device_hw', 'versions',
-           'paper_stand_ins', 'build_models', 'preflight_config', 'preflight_texts', 'prefill_work', 'decode_bytes',
-           'plain_logprobs', 'plain_classify', 'plain_embed', 'plain_generate', 'random_lora_adapter',
+__all__ = ['DEVICE_PEAKS', 'IMPORT_GRACE_S', 'IMPORT_WAIT_MAX_S', 'PREFLIGHT_RUN', 'SMALL_LM', 'SMALL_LM_KEYS', 'LORA_SHAPE',
+           'RATE_PROXIES', 'BUDGETS', 'SIZES', 'STEPS', 'PATHS_RUN', 'SHORT_RUN', 'SHORT_NOTEBOOKS',
+           'SHORT_NOTEBOOK_RUN', 'DEVICE_IMAGE', 'WHEELS', 'OPTIONAL', 'RUNTIME', 'DEVICE_MARKERS', 'WHEEL_PLATFORMS',
+           'TREE_LIMIT_MIB', 'device_peaks', 'StepCut', 'time_budget', 'run_step', 'measure_device', 'device_hw',
+           'versions', 'paper_stand_ins', 'build_models', 'preflight_config', 'preflight_texts', 'prefill_work',
+           'decode_bytes', 'plain_logprobs', 'plain_classify', 'plain_embed', 'plain_generate', 'random_lora_adapter',
            'executed_lengths', 'recording_generate', 'seq2seq_seconds', 'free_models', 'measure_path', 'measure_paths',
            'run_notebooks', 'measured_rates', 'predict_paper', 'prediction_at_measured_rates', 'preflight_prediction',
            'preflight', 'preflight_report', 'source_imports', 'notebook_imports', 'required_distributions',
@@ -49,7 +49,8 @@ def device_peaks(name: str) -> dict | None:
 class StepCut(Exception):
     "Raised inside a step when its time budget is spent."
 
-IMPORT_GRACE_S = 0.05   # a cut that lands inside an import looks again this much later
+IMPORT_GRACE_S = 0.05     # a cut that lands inside an import looks again this much later,
+IMPORT_WAIT_MAX_S = 30.0  # and cuts anyway once it has waited this long (an import that never ends)
 
 def _importing(frame) -> bool:
     "Whether a frame of this stack is the import machinery's (a module being executed by an import)."
@@ -65,8 +66,10 @@ def time_budget(seconds: float):
     main = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
     if not main or seconds <= 0:
         yield; return
+    due = []
     def cut(signum, frame):
-        if _importing(frame):   # not inside an import: a module cut halfway cannot be imported again (see below)
+        if not due: due.append(time.perf_counter())   # when the budget was first spent
+        if _importing(frame) and time.perf_counter() - due[0] < IMPORT_WAIT_MAX_S:   # not inside an import (see below)
             signal.setitimer(signal.ITIMER_REAL, IMPORT_GRACE_S); return
         raise StepCut(f"its budget of {seconds:.0f} s was spent")
     old = signal.signal(signal.SIGALRM, cut)
