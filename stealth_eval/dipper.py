@@ -112,8 +112,7 @@ DIPPER_VERSION = "dipper-v1"   # part of the cache keys; bump when the generatio
 def t5_generate(t5, inputs: list, seeds: list, cache, top_p: float = 0.75, max_length: int = 512,
                 batch_tokens: int = 0, max_rows: int = 16) -> list:
     "One sampled decoding per input string (nucleus `top_p`, seeded per row), cached by content."
-    import torch
-    from stealth_eval.models import SeededSampler, pad_batch, plan_batches
+    from stealth_eval.models import iter_seq2seq_sample
     model, tok, ident, device = t5
     keys = [cache.key("dipper_window", model=ident, input=sha256_text(x), seed=int(s), top_p=top_p, max_length=int(max_length),
                       dtype=str(next(model.parameters()).dtype), version=DIPPER_VERSION) for x, s in zip(inputs, seeds)]
@@ -121,14 +120,8 @@ def t5_generate(t5, inputs: list, seeds: list, cache, top_p: float = 0.75, max_l
     todo = [i for i, o in enumerate(out) if o is None]
     if not todo: return out
     ids = {i: tok(inputs[i]).input_ids for i in todo}
-    for R, L, idx in plan_batches([len(ids[i]) for i in todo], batch_tokens, 64, max_rows):
-        rows = [todo[k] for k in idx]
-        full = rows + [rows[0]] * (R - len(rows))
-        enc, mask = pad_batch([ids[i] for i in rows], R, L, tok.pad_token_id)
-        proc = SeededSampler([seeds[i] for i in full], 1, top_p=top_p, banned_ids=[tok.pad_token_id], eos_id=tok.eos_token_id)
-        with torch.no_grad():
-            gen = model.generate(input_ids=enc.to(device), attention_mask=mask.to(device), do_sample=False, max_length=int(max_length),
-                                 logits_processor=[proc], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    for rows, gen in iter_seq2seq_sample(model, tok, device, ids, seeds, {i: int(max_length) for i in todo}, top_p, batch_tokens, 64,
+                                         max_rows, order=todo):
         for r, i in enumerate(rows): out[i] = cache.put(keys[i], tok.decode(gen[r], skip_special_tokens=True).strip())
     return out
 

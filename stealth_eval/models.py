@@ -26,8 +26,8 @@ __all__ = ['EMBEDDED_LMS', 'LOADS', 'ENCODE_VERSION', 'E5_CONVENTION', 'SAMPLER_
            'plan_batches', 'default_token_budget', 'scoring_budget', 'pad_batch', 'rows_alone', 'Embedder',
            'encoder_max_tokens', 'EmbedConvention', 'embedder_source', 'embedder_convention', 'embedder_identity',
            'load_embedder', 'similarities', 'row_seed', 'counter_uniform', 'seeded_sample', 'SeededSampler',
-           'kv_cache_arg', 'kv_cache_of', 'kv_bytes_per_token', 'decode_rows', 'iter_continuations',
-           'sample_continuations', 'chat_prompt_ids', 'chat_generate']
+           'iter_seq2seq_sample', 'kv_cache_arg', 'kv_cache_of', 'kv_bytes_per_token', 'decode_rows',
+           'iter_continuations', 'sample_continuations', 'chat_prompt_ids', 'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
 def _package_dir(pkg: str) -> Path:
@@ -773,6 +773,31 @@ class SeededSampler:
             tok = torch.where(ended, torch.full_like(tok, self.eos), tok)
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, tok[:, None], 0.0)
+
+# %% ../nbs/02_models.ipynb #40ba6ffc
+def iter_seq2seq_sample(model, tok, device: str, ids: list, seeds: list, max_lengths: list, top_p: float = 1.0,
+                        batch_tokens: int = 0,        # source tokens a batch (0: one unpadded input a batch)
+                        granule: int = 64,            # padded lengths are multiples of this
+                        max_rows: int = 16,           # rows a batch at most
+                        stop_ids: list | None = None, # per input: a token after which its row ends (T5's last sentinel)
+                        order: list | None = None):   # the inputs' order into `plan_batches` (default: as given)
+    """Yields `(positions in ids, generated token rows)` batch by batch: each encoder input `ids[i]` decoded by seeded
+    nucleus sampling (`SeededSampler`, row i's noise from `seeds[i]`) to at most `max_lengths[i]` tokens. Batch shapes
+    come from each input's own length (`plan_batches`, dummy rows repeating the first), so a row's output never depends
+    on its batch mates. The T5 span filler and DIPPER both sample here."""
+    import torch
+    order = list(range(len(ids))) if order is None else list(order)
+    for R, L, idx in plan_batches([len(ids[i]) for i in order], batch_tokens, granule, max_rows):
+        rows = [order[k] for k in idx]
+        full = rows + [rows[0]] * (R - len(rows))
+        enc, mask = pad_batch([ids[i] for i in rows], R, L, tok.pad_token_id)
+        proc = SeededSampler([seeds[i] for i in full], 1, top_p=top_p, banned_ids=[tok.pad_token_id],
+                             stop_ids=None if stop_ids is None else [stop_ids[i] for i in full], eos_id=tok.eos_token_id)
+        with torch.no_grad():
+            gen = model.generate(input_ids=enc.to(device), attention_mask=mask.to(device), do_sample=False,
+                                 max_length=max(int(max_lengths[i]) for i in rows), logits_processor=[proc],
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        yield rows, gen
 
 # %% ../nbs/02_models.ipynb #97d093d7
 def _eos_ids(lm) -> list:

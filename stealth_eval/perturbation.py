@@ -127,24 +127,14 @@ def iter_t5_fill(t5, jobs: list, seeds: list, top_p: float = 1.0,
                  desc: str = "perturbing (T5)"):
     """Yields `(positions in jobs, fills)` batch by batch: each masked token list's fills sampled by T5 (possibly fewer
     than its masks: a failed fill). Batch shapes come from each row's own length; a row is cut at its own cap."""
-    import torch
-    from stealth_eval.models import SeededSampler, pad_batch, plan_batches
+    from stealth_eval.models import iter_seq2seq_sample
     model, tok, _, device = t5
     mx = [int(max_length)] * len(jobs) if isinstance(max_length, int) else [int(m) for m in max_length]
     ids = [tok(t5_masked_text(j)).input_ids for j in jobs]
     order = sorted(range(len(jobs)), key=lambda i: (mx[i], len(ids[i])))   # similar caps together: fewer idle steps
+    stops = [tok.convert_tokens_to_ids(f"<extra_id_{sum(t is MASK for t in j)}>") for j in jobs]   # a row ends after its own
     bar = progress(total=len(jobs), desc=desc)
-    for R, L, idx in plan_batches([len(ids[i]) for i in order], batch_tokens, granule, max_rows):
-        rows = [order[k] for k in idx]
-        full = rows + [rows[0]] * (R - len(rows))                            # dummy rows repeat the first
-        enc, mask = pad_batch([ids[i] for i in rows], R, L, tok.pad_token_id)
-        stops = [tok.convert_tokens_to_ids(f"<extra_id_{sum(t is MASK for t in jobs[i])}>") for i in full]
-        proc = SeededSampler([seeds[i] for i in full], 1, top_p=top_p, banned_ids=[tok.pad_token_id], stop_ids=stops,
-                             eos_id=tok.eos_token_id)   # per-row seeded nucleus sampling; a row ends after its own stop token
-        with torch.no_grad():
-            gen = model.generate(input_ids=enc.to(device), attention_mask=mask.to(device), do_sample=False,
-                                 max_length=max(mx[i] for i in rows), logits_processor=[proc],
-                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    for rows, gen in iter_seq2seq_sample(model, tok, device, ids, seeds, mx, top_p, batch_tokens, granule, max_rows, stops, order):
         yield rows, [extract_t5_fills(tok.decode(gen[r, :mx[i]], skip_special_tokens=False)) for r, i in enumerate(rows)]
         bar.update(len(rows))
     bar.close()
