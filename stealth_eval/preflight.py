@@ -26,7 +26,7 @@ __all__ = ['DEVICE_PEAKS', 'IMPORT_GRACE_S', 'IMPORT_WAIT_MAX_S', 'PREFLIGHT_RUN
            'TREE_LIMIT_MIB', 'device_peaks', 'StepCut', 'time_budget', 'run_step', 'measure_device', 'device_hw',
            'versions', 'paper_stand_ins', 'build_models', 'preflight_config', 'preflight_texts', 'prefill_work',
            'decode_bytes', 'plain_logprobs', 'plain_classify', 'plain_embed', 'plain_generate', 'random_lora_adapter',
-           'executed_lengths', 'recording_generate', 'seq2seq_seconds', 'free_models', 'measure_path', 'measure_paths',
+           'executed_lengths', 'recording_generate', 'seq2seq_seconds', 'measure_path', 'measure_paths',
            'run_notebooks', 'measured_rates', 'predict_paper', 'prediction_at_measured_rates', 'preflight_prediction',
            'preflight', 'preflight_report', 'source_imports', 'notebook_imports', 'required_distributions',
            'check_wheels', 'import_check', 'tree_bytes', 'build_wheels', 'preflight_main', 'wheels_main']
@@ -157,8 +157,8 @@ def versions() -> dict:
 
 # %% ../nbs/09_preflight.ipynb #ff3ec627
 PREFLIGHT_RUN = {   # the notebooks step: a tiny sample at real shapes, every method and detector of the paper profile,
-    # on texts of 100-250 tokens: random weights run every generation to its cap, and at 350-720 tokens the decode loops
-    # took most of the H200's 79 s of 00_data and 115 s of 10_methods (texts past 512 tokens run in the paths step)
+    # on texts of 100-250 tokens: random weights run every generation to its cap, and at 350-720 tokens the H200's 00_data
+    # spent 60 of its 79 s after Qwen3's load began (load and decoding, not timed apart); texts past 512 tokens run in the paths step
     "data": {"n_per_class": 2, "min_tokens": 100, "max_tokens": 250, "n_train_per_class": 2},
     # 128-token buckets, not the paper's 16: a T5 fill batch costs its steps whatever its rows (filler or real), and a
     # few texts' perturbations over 16-token buckets make a batch each; the notebooks check branches, not rates
@@ -403,23 +403,14 @@ def _fill_stats(name: str, scale: str, calls: list, n_fill: int, dt: float, hw: 
             "decoder_steps": sum(max(T - 1, 0) for _, _, T in calls), "pct_roofline": round(100 * roof / dt, 2),
             "roofline_share": roof / dt}
 
-def free_models(device: str):
-    """Let go of every model the project's loaders keep (scoring LMs, classifiers, embedders, T5, the adapted
-    paraphraser) and empty the device's cache: between paths, and after the paths step however it ended, so that
-    the notebooks' child process has the device to itself."""
-    from stealth_eval import models, paraphrase, perturbation
-    from stealth_eval.rehearsal import _free
-    perturbation._load_t5.cache_clear(); models.load_seq2seq.cache_clear(); paraphrase.load_adapted_lm.cache_clear()
-    _free(device)
-
 def measure_path(rows: list, device: str, path: str, models: list, run, warm=None, baseline=None, stats=None, note: str = "",
                  free: bool = True):   # False: keep the last path's models (the same ones: no second load of 14 GB)
     "One path: free the last path's models, warm up (load + first kernels), time `run`, then the plain `baseline`."
-    from stealth_eval.rehearsal import _peak_reset
+    from stealth_eval.rehearsal import _free, _peak_reset
     row = {"path": path, "models": models, "note": note}
     rows.append(row)
     try:
-        if free: free_models(device)
+        if free: _free(device)
         if warm: warm()
         _peak_reset(device)
         out, dt = _timed(run, device)
@@ -528,10 +519,11 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
     # T5 fills: the longest quarter of the texts, whose sources T5's window cuts, so that their masked inputs share few
     # length buckets; a batch's cost is its steps at its rows, real or filler, so fewer buckets is less time
     ft = texts[:max(1, len(texts) // 4)]
+    masked = lambda t, seed: mask_spans(_fit_words(t, t5()[1], int(p["t5_max_input_tokens"]))[0], p["span_length"],
+                                        p["pct_words_masked"], p["buffer_size"], seed)   # a text cut to T5's window, masked
     def t5_base():
         model, tok = t5()[0], t5()[1]
-        jobs = [mask_spans(_fit_words(t, tok, int(p["t5_max_input_tokens"]))[0], p["span_length"], p["pct_words_masked"],
-                           p["buffer_size"], i) for i, t in enumerate(ft) for _ in range(int(p["n_perturbations"]))]
+        jobs = [masked(t, i) for i, t in enumerate(ft) for _ in range(int(p["n_perturbations"]))]
         jobs = [j for j in jobs if j]
         cap = max(t5_fill_length(sum(x is MASK for x in j), p["t5_max_length"], kn["t5_tokens_per_span"]) for j in jobs)
         plain_generate(model, [tok(t5_masked_text(j)).input_ids[:int(p["t5_max_input_tokens"])] for j in jobs], int(p["batch_size"]),
@@ -540,7 +532,7 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
     def fills():
         with recording_generate(t5()[0]) as rec["calls"]: return perturb_texts(ft, "t5", cfg, fresh())
     def t5_call():   # the first kernels: one batch of the run's shape rule, four decoder steps (not a whole fill)
-        job = mask_spans(short[0], p["span_length"], p["pct_words_masked"], p["buffer_size"], 0)
+        job = masked(short[0], 0)
         t5_fill(t5(), [job], [0], max_length=4, batch_tokens=kn["fill_batch_tokens"],
                 granule=int(cfg.get("score_bucket_tokens", 64)), max_rows=int(p["batch_size"]))
     measure_path(rows, dev, "T5 span fills (DetectGPT, NPR)", [_name_of(p["t5_model"])],
@@ -552,7 +544,7 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
     # and of four times as many, a few dozen steps each: launch-bound, the larger batch costs about the same a step
     sweep_rows, sweep_steps = [int(p["batch_size"]), 4 * int(p["batch_size"])], (64 if cuda else 8)
     def sweep():
-        job = mask_spans(_fit_words(ft[0], t5()[1], int(p["t5_max_input_tokens"]))[0], p["span_length"], p["pct_words_masked"], p["buffer_size"], 0)
+        job = masked(ft[0], 0)
         out = []
         for R in sweep_rows:
             with recording_generate(t5()[0]) as calls:
@@ -568,7 +560,7 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
                 "pct_roofline": b["pct_roofline"], "step_ratio": round(b["step_ms"] / a["step_ms"], 2),
                 "note": f"a decoder step (encoder pass included) took {a['step_ms']} ms at {a['rows']} rows ({a['pct_roofline']}% of "
                         f"its roofline) and {b['step_ms']} ms at {b['rows']} rows ({b['pct_roofline']}%): {b['step_ms'] / a['step_ms']:.2f}x "
-                        f"the time for {b['rows'] // a['rows']}x the rows (near 1: launch-bound, larger fill batches would be cheaper a fill)"}
+                        f"the time for {b['rows'] // a['rows']}x the rows (near 1: launch-bound, so each fill is cheaper in larger batches)"}
     measure_path(rows, dev, f"T5 decoder step at {sweep_rows[0]} and {sweep_rows[1]} rows", [_name_of(p["t5_model"])],
                  sweep, None, None, sweep_stats, free=False)   # the T5 of the last path, kept
     para = cfg["paraphraser"]
@@ -604,7 +596,8 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
         measure_path(rows, dev, "proxihuman (T5 fills + MPNet)", [_name_of(p.get("proxihuman_t5_model") or p["t5_model"]), _name_of(ph)],
                      lambda: d.compute(ft, cfg, fresh()), lambda: (t5(), load_proxihuman_embedder(ph, cfg)), None,
                      lambda out, dt: {"kind": "fill", "items": n_fill, "unit": "perturbations", "per_s": round(n_fill / dt, 2)})
-    free_models(dev)
+    from stealth_eval.rehearsal import _free
+    _free(dev)
     return partial
 
 # %% ../nbs/09_preflight.ipynb #5ce0b4b0
@@ -757,7 +750,7 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
     "Run the five steps on `device`; write preflight.json and preflight.md after each; return the report."
     import datetime
     from stealth_eval.models import resolve_device
-    from stealth_eval.rehearsal import rehearsal_scale
+    from stealth_eval.rehearsal import _free, rehearsal_scale
     out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
     dev = resolve_device(device)
     cuda = dev.startswith("cuda")
@@ -784,7 +777,7 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
         texts = preflight_texts(Z["texts"])
         ov = {**PATHS_RUN, **(SHORT_RUN if kind == "cpu-short" else {})}
         step("paths", lambda p: measure_paths(p, preflight_config(dev, scale, ov), texts, hw, Z["prompts"], Z["new_tokens"], Z["m3_items"], Z["m3_words"]))
-        free_models(dev)   # a cut step leaves its models loaded: the notebooks' run needs the device's memory
+        _free(dev)   # a cut step leaves its models loaded: the notebooks' run needs the device's memory
     nb_scale = "reduced" if short and not cuda else scale
     step("notebooks", run_notebooks, out, dev, nb_scale, kind == "cpu-short")
     if hw:

@@ -488,9 +488,11 @@ def _peak_gb(device: str) -> float:
 
 # %% ../nbs/06_rehearsal.ipynb #c485bd99
 def _free(device: str):
+    "Let go of every model the project's loaders keep (causal LMs, embedders, classifiers, T5 and DIPPER, the adapted paraphraser)."
     import gc, torch
-    from stealth_eval import models, supervised
+    from stealth_eval import models, paraphrase, perturbation, supervised
     models.load_causal_lm.cache_clear(); models.load_embedder.cache_clear(); supervised.load_sequence_classifier.cache_clear()
+    models.load_seq2seq.cache_clear(); perturbation._load_t5.cache_clear(); paraphrase.load_adapted_lm.cache_clear()
     gc.collect()
     if device.startswith("cuda"): torch.cuda.empty_cache()
 
