@@ -225,21 +225,17 @@ def preflight_texts(n: int, words: int = 260) -> list:
 
 # %% ../nbs/09_preflight.ipynb #c1a68b08
 def prefill_work(name: str, scale: str, lengths: list, logits: bool = True, stacks=None) -> float:
-    "FLOPs of forward passes over texts of `lengths` tokens through the stand-in `name` at `scale`."
-    from stealth_eval.rehearsal import _depth, attention_flops, flops_per_token
-    d, D = _depth(name, scale), _depth(name, "full")
-    return float(sum(n * flops_per_token(name, stacks, logits, layers=d) + attention_flops(name, n) * d / D for n in lengths))
+    "FLOPs of forward passes over texts of `lengths` tokens through the stand-in `name` at `scale` (`06_rehearsal.prefill_flops`)."
+    from stealth_eval.rehearsal import prefill_flops
+    return float(sum(prefill_flops(name, 1, n, logits, stacks, scale) for n in lengths))
 
 def decode_bytes(name: str, scale: str, rows: int, prompt_len: float, new_tokens: int, batch: int,
                  dtype: str | None = None) -> float:   # the weights' dtype where the run sets it (T5), else the checkpoint's
-    "Bytes a decode loop reads: per step the weights and each row's KV cache at its mean context."
+    "Bytes a decode loop reads: per step the weights and each row's KV cache at its mean context (`06_rehearsal.decode_step`)."
     import math
-    from stealth_eval.models import kv_bytes_per_token
-    from stealth_eval.rehearsal import model_config, param_split, weight_bytes
-    b = weight_bytes(name, dtype)
+    from stealth_eval.rehearsal import decode_step
     steps = math.ceil(rows / batch) * new_tokens
-    kv = kv_bytes_per_token(model_config(name, scale), "bfloat16" if b == 2 else "float32")
-    return float(steps * (param_split(name, scale)["total"] * b + batch * (prompt_len + new_tokens / 2) * kv))
+    return float(steps * decode_step(name, batch, prompt_len + new_tokens / 2, dtype=dtype, scale=scale)[0])
 
 # %% ../nbs/09_preflight.ipynb #4ac004e7
 def _peak_gb(device: str) -> float:
@@ -374,22 +370,15 @@ def recording_generate(model):
         else: model.generate = own
 
 def seq2seq_seconds(name: str, scale: str, calls: list, hw: dict, dtype: str | None = None) -> float:
-    """The cost model's time (`06_rehearsal.prefill_seconds`, `decode_seconds`) of executed encoder-decoder `generate`
-    calls `(rows, input length, output length)` of the stand-in `name` at `scale`: each call's encoder pass at
-    `hw['mfu']` of the weights' dtype peak, then each decoder step at the slower of its bytes (weights, every row's keys
-    and values at its mean context) at `hw['bw_eff']` of the bandwidth and its FLOPs at `mfu`."""
-    from stealth_eval.rehearsal import _depth, attention_flops, flops_per_token, weight_bytes
-    peak = (hw["peak_tflops"] if weight_bytes(name, dtype) == 2 else hw["fp32_tflops"]) * 1e12
-    d, D = _depth(name, scale), _depth(name, "full")
+    """The cost model's time of executed encoder-decoder `generate` calls `(rows, input length, output length)` of the
+    stand-in `name` at `scale`: what `06_rehearsal` charges the paper run's T5 rows, an encoder pass
+    (`prefill_seconds`) and then a decoder step per output token after the start token (`decode_seconds`)."""
+    from stealth_eval.rehearsal import decode_seconds, prefill_seconds
     t = 0.0
     for R, L, T in calls:
         new = max(int(T) - 1, 0)                   # the output's first token is the decoder's start token
-        t += prefill_work(name, scale, [L] * R, False, ("encoder.block",)) / (peak * hw["mfu"])
-        if not new: continue
-        ctx = L + new / 2
-        step_bytes = decode_bytes(name, scale, R, L, new, R, dtype) / new
-        step_flops = R * (flops_per_token(name, ("decoder.block",), True, layers=d) + attention_flops(name, ctx) / ctx * d / D)
-        t += new * max(step_bytes / (hw["hbm_tb_s"] * 1e12 * hw["bw_eff"]), step_flops / (peak * hw["mfu"]))
+        t += prefill_seconds(name, R, L, hw, False, ("encoder.block",), dtype, scale)
+        if new: t += decode_seconds(name, R, L, new, R, hw, ("decoder.block",), dtype, scale)
     return t
 
 def _fill_stats(name: str, scale: str, calls: list, n_fill: int, dt: float, hw: dict, dtype: str | None = None) -> dict:

@@ -24,8 +24,9 @@ __all__ = ['REAL_CONFIGS', 'STANDS_FOR', 'ONLY_WITH', 'TOKENIZER_KIND', 'SCALES'
            'runs_method', 'real_config', 'model_config', 'count_params', 'make_word_tokenizer', 'rehearsal_dir',
            'build_rehearsal_model', 'build_rehearsal_models', 'rehearsal_scale', 'rehearsal_config', 'banner',
            'watermark', 'mark_text_artifacts', 'StageMonitor', 'measure_models', 'param_split', 'flops_per_token',
-           'attention_flops', 'weight_bytes', 'prefill_seconds', 'decode_seconds', 'sampling_seconds', 'paper_workload',
-           'predict_seconds', 'cpu_layer_rows', 'cost_section', 'rehearsal_report', 'finish_rehearsal']
+           'attention_flops', 'weight_bytes', 'peak_flops', 'prefill_flops', 'prefill_seconds', 'decode_step',
+           'decode_seconds', 'sampling_seconds', 'paper_workload', 'predict_seconds', 'cpu_layer_rows', 'cost_section',
+           'rehearsal_report', 'finish_rehearsal']
 
 # %% ../nbs/06_rehearsal.ipynb #c882805a
 REAL_CONFIGS = {
@@ -595,25 +596,25 @@ def param_split(name: str, scale: str = "full") -> dict:
 def flops_per_token(name: str,
                     stacks=None,            # the stacks a token passes (default: all; T5: 'encoder.block' or 'decoder.block')
                     logits: bool = True,    # the output head runs on this token (scoring: every token)
-                    layers: int | None = None) -> float:   # blocks per stack (default: the real depth)
+                    scale: str = "full") -> float:   # the depth counted: the real one, or a stand-in's (`model_config`)
     "Forward FLOPs per token, 2 x the matmul parameters it meets (blocks + head); attention scores apart."
-    s = param_split(name)
-    blocks = sum((l if layers is None else layers) * n for k, (l, n) in s["stacks"].items() if stacks is None or k in stacks)
+    s = param_split(name, scale)
+    blocks = sum(l * n for k, (l, n) in s["stacks"].items() if stacks is None or k in stacks)
     return 2.0 * (blocks + (s["head"] if logits else 0))
 
 # %% ../nbs/06_rehearsal.ipynb #8842ad16
-def _attn_dims(name: str) -> tuple:
-    "(blocks, query width = heads x head_dim, key/value width) of the real configuration."
-    c = model_config(name)
+def _attn_dims(name: str, scale: str = "full") -> tuple:
+    "(blocks, query width = heads x head_dim, key/value width) of the configuration at `scale`."
+    c = model_config(name, scale)
     heads = getattr(c, "num_attention_heads", None) or c.num_heads
     hd = getattr(c, "head_dim", None) or getattr(c, "d_kv", None) or c.hidden_size // heads
     kv = 1 if getattr(c, "multi_query", False) and not getattr(c, "new_decoder_architecture", False) else \
         getattr(c, "num_key_value_heads", None) or heads
     return (getattr(c, "num_hidden_layers", None) or c.num_layers), heads * hd, kv * hd
 
-def attention_flops(name: str, seq_len: int) -> float:
+def attention_flops(name: str, seq_len: float, scale: str = "full") -> float:
     "Attention-score FLOPs of one sequence: 4 x blocks x (heads x head_dim) x L^2 (QK^T and AV, no causal saving)."
-    n, d, _ = _attn_dims(name)
+    n, d, _ = _attn_dims(name, scale)
     return 4.0 * n * d * seq_len ** 2
 
 # %% ../nbs/06_rehearsal.ipynb #17cd0d97
@@ -623,25 +624,34 @@ def weight_bytes(name: str, dtype: str | None = None) -> int:
     if dtype is not None: return {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
     return 2 if real_config(name)["model_type"] in _BF16_CHECKPOINTS else 4
 
+def peak_flops(name: str, hw: dict, dtype: str | None = None) -> float:
+    "The device's peak FLOP/s for the weights' dtype (`weight_bytes`): bf16's tensor-core peak, or float32's."
+    return (hw["peak_tflops"] if weight_bytes(name, dtype) == 2 else hw["fp32_tflops"]) * 1e12
+
+def prefill_flops(name: str, n_seqs: int, seq_len: float, logits: bool = True, stacks=None, scale: str = "full") -> float:
+    "FLOPs of `n_seqs` forward passes of `seq_len` tokens through `name` at `scale` (the preflight counts its stand-ins')."
+    return n_seqs * (seq_len * flops_per_token(name, stacks, logits, scale) + attention_flops(name, seq_len, scale))
+
 def prefill_seconds(name: str, n_seqs: int, seq_len: float, hw: dict = H100, logits: bool = True, stacks=None,
-                    dtype: str | None = None) -> float:
+                    dtype: str | None = None, scale: str = "full") -> float:
     "Predicted time of `n_seqs` forward passes of `seq_len` tokens: FLOPs / (peak of the weights' dtype x MFU)."
-    f = n_seqs * (seq_len * flops_per_token(name, stacks, logits) + attention_flops(name, seq_len))
-    return f / ((hw["peak_tflops"] if weight_bytes(name, dtype) == 2 else hw["fp32_tflops"]) * 1e12 * hw["mfu"])
+    return prefill_flops(name, n_seqs, seq_len, logits, stacks, scale) / (peak_flops(name, hw, dtype) * hw["mfu"])
 
 # %% ../nbs/06_rehearsal.ipynb #1a9d036c
+def decode_step(name: str, batch: int, ctx: float, stacks=None, dtype: str | None = None, scale: str = "full") -> tuple:
+    "(bytes read, FLOPs) of one decode step of `batch` rows at a context of `ctx` tokens: the weights, each row's KV cache."
+    from stealth_eval.models import kv_bytes_per_token
+    b = weight_bytes(name, dtype)
+    byt = param_split(name, scale)["total"] * b + batch * ctx * kv_bytes_per_token(model_config(name, scale), "bfloat16" if b == 2 else "float32")
+    return byt, batch * (flops_per_token(name, stacks, scale=scale) + attention_flops(name, ctx, scale) / ctx)
+
 def decode_seconds(name: str, rows: int, prompt_len: float, new_tokens: float, batch: int, hw: dict = H100,
-                   stacks=None, dtype: str | None = None) -> float:   # T5: ('decoder.block',)
+                   stacks=None, dtype: str | None = None, scale: str = "full") -> float:   # T5: ('decoder.block',)
     "Predicted time of the decode steps (prefill apart): steps x max(bytes read / bandwidth, FLOPs / compute) per step."
     import math
-    b = weight_bytes(name, dtype)
     steps = math.ceil(rows / batch) * new_tokens
-    ctx = prompt_len + new_tokens / 2                                 # mean context of a step
-    from stealth_eval.models import kv_bytes_per_token
-    byt = param_split(name)["total"] * b + batch * ctx * kv_bytes_per_token(model_config(name), "bfloat16" if b == 2 else "float32")
-    flops = batch * (flops_per_token(name, stacks) + attention_flops(name, ctx) / ctx)
-    return steps * max(byt / (hw["hbm_tb_s"] * 1e12 * hw["bw_eff"]),
-                       flops / ((hw["peak_tflops"] if b == 2 else hw["fp32_tflops"]) * 1e12 * hw["mfu"]))
+    byt, flops = decode_step(name, batch, prompt_len + new_tokens / 2, stacks, dtype, scale)   # at a step's mean context
+    return steps * max(byt / (hw["hbm_tb_s"] * 1e12 * hw["bw_eff"]), flops / (peak_flops(name, hw, dtype) * hw["mfu"]))
 
 # %% ../nbs/06_rehearsal.ipynb #ed5f2017
 LOGIT_PASS_BYTES = 6 + 4 + 12 + 16 + 16 + 16   # per vocabulary entry: bf16 -> f32 (r2 w4), max (r4), f32 -> f64 (r4 w8), sub_, exp_, cumsum_ (r8 w8 each)
@@ -805,8 +815,8 @@ def cpu_layer_rows(model_rows: list, scale: str) -> list:
         if name not in REAL_CONFIGS or not r.get("per_s") or scale == "reduced": continue
         d, D = _depth(name, scale), _depth(name, "full")
         logits = r["unit"] != "texts/s" and "classify" not in r.get("what", "")   # embeddings and the classifier: no vocabulary head
-        f_head = flops_per_token(name, logits=logits, layers=d) - flops_per_token(name, logits=False, layers=d)
-        f_all = flops_per_token(name, logits=logits, layers=d)
+        f_head = flops_per_token(name, logits=logits, scale=scale) - flops_per_token(name, logits=False, scale=scale)
+        f_all = flops_per_token(name, logits=logits, scale=scale)
         ms = 1e3 / r["per_s"]                                                 # ms per unit (token, or text for embeddings)
         blk, head = ms * (f_all - f_head) / f_all / d, ms * f_head / f_all
         out.append({"model": name, "depth": d, "real_depth": D, "unit": r["unit"].replace("/s", ""), "ms": ms,

@@ -160,13 +160,13 @@ def test_cost_model_parts_add_up_to_the_parameter_count(name):
 
 
 def test_cost_model_flops_per_token_of_the_paper_models():
-    from stealth_eval.rehearsal import flops_per_token
+    from stealth_eval.rehearsal import flops_per_token, param_split
     assert flops_per_token("falcon-7b") == pytest.approx(2 * 6.92e9, rel=0.01)             # ~1.4e10 per scored token
     assert flops_per_token("falcon-7b") == pytest.approx(2 * count_params("falcon-7b"), rel=1e-5)   # tied head: every weight once
     assert flops_per_token("qwen3-4b-instruct-2507") == pytest.approx(2 * count_params("qwen3-4b-instruct-2507"), rel=1e-5)
     # the 'layers' stand-in costs one block + the head: the depth scaling the report states
-    one, full = flops_per_token("falcon-7b", layers=1), flops_per_token("falcon-7b")
-    assert (full - one) / 31 == pytest.approx(one - flops_per_token("falcon-7b", layers=0))
+    one, full = flops_per_token("falcon-7b", scale="layers"), flops_per_token("falcon-7b")
+    assert (full - one) / 31 == pytest.approx(one - 2 * param_split("falcon-7b")["head"])
     assert one == pytest.approx(2 * count_params("falcon-7b", "layers"), rel=1e-4)   # all but the final norm
 
 
