@@ -21,16 +21,17 @@ from .metrics import calibration_humans, validity_note
 
 # %% auto #0
 __all__ = ['ABBREV', 'PALETTE', 'HEATMAP_CMAP', 'IN_REWARD_COLOR', 'COLUMN_IN', 'PAGE_IN', 'MIN_PT', 'DPI', 'HEAT_CELL_IN',
-           'SHIELD_KNOBS', 'split_condition', 'format_setting', 'display_name', 'sort_key', 'condition_key',
-           'short_label', 'add_setting_fields', 'select', 'results_frame', 'detectors', 'conditions', 'setting_field',
-           'metric_series', 'metric_grid', 'entries', 'calibration', 'ai_conditions', 'knob_series', 'sim_median',
-           'method_color', 'palette', 'figure_theme', 'themed', 'detector_colors', 'heatmap_data', 'heatmap_layout',
-           'text_color', 'plot_heatmap', 'in_reward_cells', 'pareto_front', 'tradeoff_data', 'place_labels',
-           'plot_tradeoff', 'budget_sweep_data', 'plot_budget_sweep', 'roc_curve', 'strongest_attack', 'roc_data',
-           'plot_roc', 'shield_data', 'plot_shield', 'apt_domain_data', 'plot_apt_domains', 'plot_beemo_edits',
-           'fpr_transfer_data', 'plot_fpr_transfer', 'human_attack_data', 'plot_human_attack', 'detector_models',
-           'main_table', 'transfer_data', 'transfer_table', 'sanitize_rows', 'sanitize_table', 'plot_sanitize',
-           'mark_non_ascii', 'spread_conditions', 'qual_examples', 'run_figures_stage']
+           'SHIELD_KNOBS', 'ATTACK_COLORS', 'ATTACK_MARKERS', 'split_condition', 'format_setting', 'display_name',
+           'sort_key', 'condition_key', 'short_label', 'add_setting_fields', 'select', 'results_frame', 'detectors',
+           'conditions', 'setting_field', 'metric_series', 'metric_grid', 'entries', 'calibration', 'ai_conditions',
+           'knob_series', 'sim_median', 'method_color', 'palette', 'figure_theme', 'themed', 'detector_colors',
+           'heatmap_data', 'heatmap_layout', 'text_color', 'plot_heatmap', 'in_reward_cells', 'pareto_front',
+           'tradeoff_data', 'place_labels', 'plot_tradeoff', 'budget_sweep_data', 'plot_budget_sweep', 'roc_curve',
+           'strongest_attack', 'roc_data', 'plot_roc', 'shield_data', 'plot_shield', 'apt_domain_data',
+           'plot_apt_domains', 'plot_beemo_edits', 'fpr_transfer_data', 'plot_fpr_transfer', 'human_attack_data',
+           'attack_styles', 'plot_human_attack', 'detector_models', 'main_table', 'transfer_data', 'transfer_table',
+           'sanitize_rows', 'sanitize_table', 'plot_sanitize', 'mark_non_ascii', 'spread_conditions', 'qual_examples',
+           'run_figures_stage']
 
 # %% ../nbs/40_figures.ipynb #623d8554
 def split_condition(c: str) -> tuple:
@@ -823,6 +824,17 @@ def human_attack_data(table, ds: str, fpr: float = 0.01) -> dict:
             **{f"tpr{s}": num(m0.iloc[0], c) for s, c in (("", "value"), ("_lo", "ci_low"), ("_hi", "ci_high"))}}}
     return out
 
+ATTACK_COLORS = (0, 1, 2, 3, 4, 5, 6, 9, 7, 8)   # palette indices for attacks: the low-contrast yellow last (M0 is black)
+ATTACK_MARKERS = "sD^vP<>pXh*"                   # 11 markers beside 10 colours: 110 attacks before a pair repeats
+
+def attack_styles(attacks: list) -> dict:
+    """{attack: (colour, marker)}, a pair of its own for each distinct attack in order of first appearance: colour and
+    marker both change from one attack to the next, so a figure's attacks (RAID's are all one method) stay apart in
+    print, in grey and for colour-blind readers."""
+    pal = palette()
+    return {a: (pal[ATTACK_COLORS[i % len(ATTACK_COLORS)]], ATTACK_MARKERS[i % len(ATTACK_MARKERS)])
+            for i, a in enumerate(dict.fromkeys(attacks))}
+
 def _err(v, lo, hi) -> list:
     "Error-bar lengths [[below], [above]] of a point and its interval (none where the interval is missing)."
     return [[max(0.0, v - lo) if not (math.isnan(v) or math.isnan(lo)) else 0.0], [max(0.0, hi - v) if not (math.isnan(v) or math.isnan(hi)) else 0.0]]
@@ -837,27 +849,31 @@ def plot_human_attack(table, ds: str, path, fpr: float = 0.01) -> dict:
     nc = min(len(dets), 4); nr = -(-len(dets) // nc)
     w = COLUMN_IN if nc == 1 else PAGE_IN
     fig, axes = plt.subplots(nr, nc, figsize=(w, min(w / nc, 2.1) * nr + 1.2), sharex=True, sharey=True, squeeze=False, layout="constrained")
-    attacks = list(dict.fromkeys(p["attack"].partition("+")[0] for d in dets for p in data[d]["points"]))
-    marker = {a: "sD^vP<>pXh*o"[i % 12] for i, a in enumerate(attacks)}     # one marker per attack (its defended twin: open)
+    style = attack_styles([p["attack"].partition("+")[0] for d in dets for p in data[d]["points"]])   # its defended twin: open
     xs = [v for d in dets for p in data[d]["points"] + [data[d]["m0"] or {}] for v in (p.get("fpr"), p.get("fpr_hi")) if v is not None and not math.isnan(v)]
     xmax = max([2.5 * fpr] + xs) * 1.08
+    defended = set()
     for ax, det in zip(axes.flat, dets):
         ax.axvline(fpr, color=".35", ls=":", lw=0.9, label=f"target FPR {fpr:g}")
         if (m0 := data[det]["m0"]):
             ax.errorbar([m0["fpr"]], [m0["tpr"]], xerr=_err(m0["fpr"], m0["fpr_lo"], m0["fpr_hi"]), yerr=_err(m0["tpr"], m0["tpr_lo"], m0["tpr_hi"]),
                         fmt="o", color="black", ms=3.5, elinewidth=0.8, capsize=1.5, label="M0 (no attack)", zorder=5)   # on top: small
         for p in data[det]["points"]:
-            col = method_color(p["method"])
+            att, open_ = p["attack"].partition("+")[0], p["defense"] != "none"
+            col, mk = style[att]
             ax.errorbar([p["fpr"]], [p["tpr"]], xerr=_err(p["fpr"], p["fpr_lo"], p["fpr_hi"]), yerr=_err(p["tpr"], p["tpr_lo"], p["tpr_hi"]),
-                        fmt=marker[p["attack"].partition("+")[0]], color=col, mfc="white" if p["defense"] != "none" else col, ms=4.5,
-                        elinewidth=0.8, capsize=1.5, alpha=0.9, label=p["short"], zorder=3 if p["defense"] != "none" else 4)
+                        fmt=mk, color=col, mfc="white" if open_ else col, ms=4.5, elinewidth=0.8, capsize=1.5, alpha=0.9,
+                        label=short_label(p["method"], parse_setting(split_condition(att)[1]), "none"), zorder=3 if open_ else 4)
+            if open_: defended.add(p["defense"])
         ax.set_xlim(-0.02 * xmax, xmax); ax.set_ylim(-0.03, 1.03); ax.set_title(det)
     for k, ax in enumerate(axes.flat):
         if k >= len(dets): ax.axis("off")
         elif k + nc >= len(dets):                      # no panel below: this one carries the x axis
             ax.xaxis.set_tick_params(labelbottom=True); ax.set_xlabel(_wrap("FPR on attacked human texts", w / nc - 0.3))
     fig.supylabel("TPR on attacked AI texts")
-    _fig_legend(fig, ncol=2 if w == COLUMN_IN else 4)
+    opened = [f"open: + {dfn} defense" for dfn in sorted(defended)]   # one entry per defense, after the attacks' own
+    for lab in opened: axes.flat[0].plot([], [], "o", color=".3", mfc="white", ms=4.5, label=lab)
+    _fig_legend(fig, ncol=2 if w == COLUMN_IN else 4, last=tuple(opened))
     fig.suptitle(_wrap(f"{ds}: false-positive rate under attack vs detection (threshold calibrated on clean human texts at "
                        f"FPR {fpr:g}; 95% bootstrap intervals)", w - 0.2))
     _save(fig, path)

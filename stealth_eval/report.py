@@ -114,7 +114,8 @@ FIGURE_CAPTIONS.update({
 FIGURE_CAPTIONS["fig_fpr_attack"] = (
     "False-positive rate under attack: per detector, each attack run on human texts too (setting human_attacks) at (x) the FPR its "
     "clean-human threshold reaches on the attacked human texts and (y) the TPR on the attacked AI texts, with 95% bootstrap "
-    "intervals; the dotted line is the target FPR, the black point M0, open markers the sanitize defense.")
+    "intervals; the dotted line is the target FPR, the black point M0, each attack a colour and marker of its own, open markers the "
+    "sanitize defense.")
 FIGURE_ORDER = ["fig_heatmap_t1f", "fig_tradeoff", "fig_budget_sweep", "fig_roc", "fig_shield", "fig_sanitize", "fig_fpr_transfer",
                 "fig_fpr_attack", "fig_apt_domains", "fig_beemo_edits"]
 

@@ -138,3 +138,27 @@ def test_a_rehearsal_banner_sits_above_the_titles(tmp_path, facts, monkeypatch):
     for name, f in facts.items():
         assert any("REHEARSAL" in t for t in f["figure_texts"]), name
         assert not f["outside"] and not f["overlaps"] and f["min_pt"] >= F.MIN_PT, (name, f["outside"], f["overlaps"])
+
+
+def test_fpr_under_attack_at_print_size(tmp_path, facts):
+    "RAID's default attacks on four detectors, each with its sanitize twin: an entry per attack, each in a colour of its own."
+    from stealth_eval.schema import Raid
+    attacks, rows = [f"raid:{a}" for a in Raid().attacks], []
+    for k, det in enumerate(("roberta_openai", "fast_detectgpt", "binoculars", "log_likelihood")):
+        for i, att in enumerate(attacks):
+            for defense in ("none", "sanitize"):
+                g = att + ("+sanitize" if defense == "sanitize" else "")
+                f, tp = (0.02 + 0.03 * i) / (4 if defense == "sanitize" else 1), 0.9 - 0.07 * i + 0.01 * k
+                b = {"family": "human_attack", "dataset": "raid", "detector": det, "aggregate": None, "defense": defense, "group": g, "fpr_target": 0.01}
+                rows += [{**b, "label": "human", "metric": "human_attack:fpr", "value": f, "ci_low": f / 2, "ci_high": f * 1.5, "n_human": 200},
+                         {**b, "label": "human", "metric": "human_attack:fpr_clean", "value": 0.01, "ci_low": 0.0, "ci_high": 0.03, "n_human": 200},
+                         {**b, "label": "ai", "metric": "human_attack:tpr", "value": tp, "ci_low": tp - 0.05, "ci_high": tp + 0.05, "n_ai": 200}]
+        rows.append({"family": "main", "dataset": "raid", "detector": det, "aggregate": None, "defense": "none", "label": "ai",
+                     "condition": "m0", "metric": "tpr", "fpr_target": 0.01, "value": 0.95, "ci_low": 0.9, "ci_high": 1.0, "n_ai": 200})
+    assert F.plot_human_attack(pd.DataFrame(rows), "raid", tmp_path / "fig_fpr_attack_raid.png")
+    f = facts["fig_fpr_attack_raid.png"]
+    assert f["size"][0] == F.PAGE_IN and f["min_pt"] >= F.MIN_PT and not f["outside"] and not f["overlaps"], f
+    names = [F.short_label("raid", F.parse_setting(a.partition(":")[2]), "none") for a in attacks]
+    assert set(names) | {"open: + sanitize defense"} <= set(f["legend_colours"])      # each attack once, the defense once
+    assert not any("+san" in lab for lab in f["legend_colours"])
+    assert len({f["legend_colours"][n] for n in names}) == len(names) == 9              # nine attacks, nine colours
