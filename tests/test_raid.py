@@ -115,3 +115,58 @@ def test_the_methods_stage_runs_raid(tmp_path):
     assert all(rows[("a0", c)]["valid"] and rows[("a0", c)]["facts"]["num_edits"] > 0 for c in ("raid:article_deletion", "raid:number"))
     assert rows[("a1", "raid:number")]["valid"] is False and rows[("a1", "raid:number")]["fail_reason"] == "raid:number: no numbers"
     assert rows[("a1", "raid:article_deletion")]["fail_reason"] == "raid:article_deletion: no articles (' a ', ' an ', ' the ')"
+
+
+
+MISSPELL = ("The chief said the weather was really great because the library and the restaurant were necessary. The "
+            "professor believed the foreign colleague would receive a surprise tomorrow. The secretary caught the speech, "
+            "and the business was successful.")   # 19 words of RAID's misspelling table in 42 tokens: ranked, 8 misspelt
+
+
+def _tiny_gpt2(folder):
+    "A tiny random GPT-2 (RAID's misspelling LM's architecture) with a byte-level BPE tokenizer trained here, saved to `folder`."
+    import torch
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator([LONG, MISSPELL], vocab_size=400, min_frequency=1, special_tokens=["<|endoftext|>"])
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<|endoftext|>", eos_token="<|endoftext|>",
+                                  unk_token="<|endoftext|>", model_max_length=128)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=0,
+                               eos_token_id=0)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_misspelling_ranks_with_a_real_causal_lm(tmp_path):
+    """`lm_nlls` through the project's loader on a GPT-2 built here: its pieces join to the text (RAID aligns them by
+    length), its log-probabilities are the model's own loss, and the misspelt words are the likeliest candidates by
+    the model's log-probabilities summed over each word's tokens (found here by the tokenizer's offsets instead)."""
+    import torch
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+    from stealth_eval.raid import lm_nlls, raid_misspelling, raid_resource, word_spans
+    folder = _tiny_gpt2(tmp_path / "gpt2")
+    nlls = lm_nlls(str(folder), "cpu")
+    got = nlls(MISSPELL)
+    assert "".join(p for p, _ in got) == MISSPELL
+    tok, model = AutoTokenizer.from_pretrained(folder), GPT2LMHeadModel.from_pretrained(folder).eval()
+    enc = tok(tok.bos_token + MISSPELL, return_tensors="pt", return_offsets_mapping=True)
+    ids = enc["input_ids"]
+    with torch.no_grad(): logits = model(ids).logits[0, :-1]
+    logp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0].tolist()
+    assert sum(v for _, v in got) == pytest.approx(sum(logp), rel=1e-5)
+    assert sum(logp) == pytest.approx(-torch.nn.functional.cross_entropy(logits, ids[0, 1:]).item() * len(logp), rel=1e-5)
+    # the ranking by hand: each candidate word's summed log-probability over the tokens its offsets overlap
+    shift = len(tok.bos_token)
+    offs = [(s - shift, e - shift) for s, e in enc["offset_mapping"][0, 1:].tolist()]
+    table, spans = raid_resource("raid_misspellings.json"), word_spans(MISSPELL)
+    cands = [j for j, (s, e) in enumerate(spans) if MISSPELL[s:e].lower() in table]
+    k = int(len(spans) * 0.2)
+    assert 0 < k < len(cands)                                    # the ranked branch, the one that needs the LM
+    score = {j: sum(v for (s, e), v in zip(offs, logp) if spans[j][0] < e and spans[j][1] > s) for j in cands}
+    want = sorted(sorted(cands, key=lambda j: score[j], reverse=True)[:k])
+    r = raid_misspelling(MISSPELL, random.Random(0), 0.2, nlls=nlls)
+    before, after = [MISSPELL[s:e] for s, e in spans], [r["generation"][s:e] for s, e in word_spans(r["generation"])]
+    assert len(after) == len(before) and r["num_edits"] == k
+    assert [j for j, (a, b) in enumerate(zip(before, after)) if a != b] == want
