@@ -11,7 +11,7 @@ from stealth_eval.schema import Raid, Settings
 
 REF = Path(__file__).parent / "data" / "raid_reference"
 sys.path.insert(0, str(REF))
-from make_reference import FAKE_STOPWORDS, fake_fill_mask, fake_nlls, fake_pos_tag, fake_vector   # the reference's stand-ins
+from make_reference import FAKE_STOPWORDS, SYN_VOCAB, fake_fill_mask, fake_nlls, fake_pos_tag, fake_vector   # the reference's stand-ins
 
 import numpy as np
 
@@ -170,3 +170,42 @@ def test_misspelling_ranks_with_a_real_causal_lm(tmp_path):
     before, after = [MISSPELL[s:e] for s, e in spans], [r["generation"][s:e] for s, e in word_spans(r["generation"])]
     assert len(after) == len(before) and r["num_edits"] == k
     assert [j for j, (a, b) in enumerate(zip(before, after)) if a != b] == want
+
+
+def test_synonym_components_load_a_real_masked_lm(tmp_path, monkeypatch):
+    """`synonym_components` through transformers' fill-mask pipeline on a BERT built here (RAID's synonym proposer), the
+    fastText vectors and NLTK's tagger and stopwords (not installable offline) replaced by the reference's stand-ins:
+    the proposals come in RAID's shape (token_str, score; best first) and the attack runs on them."""
+    import types
+    import nltk
+    import torch
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast
+    from stealth_eval.raid import raid_synonym, synonym_components
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = {w: i for i, w in enumerate(dict.fromkeys(specials + [w for w in LONG.lower().replace(".", " . ").replace(",", " , ").split()] + SYN_VOCAB))}
+    t = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
+    t.normalizer, t.pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    t.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=t, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]",
+                                  mask_token="[MASK]", model_max_length=64)
+    torch.manual_seed(0)
+    BertForMaskedLM(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               intermediate_size=64, max_position_embeddings=64)).save_pretrained(tmp_path / "bert")
+    tok.save_pretrained(tmp_path / "bert")
+    monkeypatch.setitem(sys.modules, "fasttext", types.SimpleNamespace(load_model=lambda path: _Vectors()))
+    monkeypatch.setattr(nltk, "pos_tag", fake_pos_tag)
+    monkeypatch.setattr(nltk, "corpus", types.SimpleNamespace(stopwords=types.SimpleNamespace(words=lambda lang: sorted(FAKE_STOPWORDS))))
+    c = synonym_components(str(tmp_path / "bert"), str(tmp_path / "vectors.bin"), "cpu")
+    assert c["mask_token"] == "[MASK]"
+    props = c["fill_mask"]("the committee [MASK] on the plan", 5)
+    assert len(props) == 5 and all(isinstance(p["token_str"], str) and 0 <= p["score"] <= 1 for p in props)
+    assert [p["score"] for p in props] == sorted((p["score"] for p in props), reverse=True)
+    assert c["fill_mask"]("the plan " * 80 + "[MASK]", 5) == []   # the mask past the model's 64 positions: none (RAID's behaviour)
+    r = raid_synonym(LONG, random.Random(0), 0.5, components={**c, "min_prob": 0.0, "min_cosine": -1.0})
+    assert r["num_edits"] > 0 and r["generation"] != LONG
+
+
+class _Vectors:
+    "fastText's model as the attack reads it: `m[word]` a vector (the reference's seeded stand-in)."
+    def __getitem__(self, w): return np.array(fake_vector(w))
