@@ -11,17 +11,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .components import METHODS, dataset_analyses
+from .components import METHODS, dataset_analyses, parse_setting   # settings strings: parsed where methods are
 from .core import atomic_write_text, read_json, write_json
 from .metrics import TABLE_COLS, calibration_sets, common_view, condition_scores, human_scores, threshold_at_fpr, tpr_rows
 from .schema import Settings
 
 # %% auto #0
-__all__ = ['PASS', 'FAIL', 'NA', 'verdict', 'parse_setting', 'reward_split', 'mean_tpr', 'tpr_contrast', 'transfer_rows',
-           'run_config', 'load_run', 'method_name', 'method_status', 'spec_artifacts', 'check_artifacts',
-           'check_m0_high', 'check_attacks_reduce', 'median_ci', 'check_similarity', 'check_transfer',
-           'homoglyph_achieved', 'check_comparisons', 'evaluate', 'acceptance_markdown', 'acceptance_rows',
-           'write_acceptance']
+__all__ = ['PASS', 'FAIL', 'NA', 'verdict', 'reward_split', 'mean_tpr', 'tpr_contrast', 'transfer_rows', 'run_config', 'load_run',
+           'method_name', 'method_status', 'spec_artifacts', 'check_artifacts', 'check_m0_high', 'check_attacks_reduce',
+           'median_ci', 'check_similarity', 'check_transfer', 'homoglyph_achieved', 'check_comparisons', 'evaluate',
+           'acceptance_markdown', 'acceptance_rows', 'write_acceptance']
 
 # %% ../nbs/35_acceptance.ipynb #ca088f78
 PASS, FAIL, NA = "pass", "fail", "not applicable"
@@ -33,21 +32,6 @@ def verdict(id: str, criterion: str, outcome: str, evidence: str = "", reason: s
     if outcome == NA and not reason: raise ValueError(f"verdict {id}: 'not applicable' needs its reason")
     return {"id": id, "criterion": criterion, "dataset": dataset, "verdict": outcome, "reason": reason,
             "evidence": evidence, "numbers": numbers}
-
-# %% ../nbs/35_acceptance.ipynb #b95dbf4b
-def parse_setting(setting: str | None) -> dict:
-    "`'guide=fast_detectgpt,N=4'` -> {'guide': 'fast_detectgpt', 'N': 4}: numbers parsed, a bare word maps to None."
-    out = {}
-    for part in (setting or "").split(","):
-        k, sep, v = part.strip().partition("=")
-        if not k: continue
-        if not sep: out[k] = None; continue
-        v = v.strip()
-        try: out[k] = int(v)
-        except ValueError:
-            try: out[k] = float(v)
-            except ValueError: out[k] = v
-    return out
 
 # %% ../nbs/35_acceptance.ipynb #95cff9c0
 def reward_split(method: str, setting: str | None, panel: list, cfg: dict, facts: dict | None = None) -> dict:

@@ -23,8 +23,8 @@ from typing import Callable
 from .core import Registry, StealthEvalError, progress
 
 # %% auto #0
-__all__ = ['DETECTORS', 'METHODS', 'DATASETS', 'BASELINE', 'CHECKED_ENV', 'Detector', 'Method', 'FunctionMethod', 'Built',
-           'Dataset', 'FunctionDataset', 'ComponentRegistry', 'dataset_analyses', 'unedited', 'load_plugins']
+__all__ = ['DETECTORS', 'METHODS', 'DATASETS', 'BASELINE', 'CHECKED_ENV', 'Detector', 'Method', 'FunctionMethod', 'parse_setting',
+           'Built', 'Dataset', 'FunctionDataset', 'ComponentRegistry', 'dataset_analyses', 'unedited', 'load_plugins']
 
 # %% ../nbs/01_components.ipynb #5509a745
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +94,11 @@ class Method(ABC):
     @abstractmethod
     def apply(self, items: list, cfg: dict, cache) -> list:
         "One list of outputs `{setting, candidates: [{text, facts}]}` per item."
+    def narrow(self, cfg: dict, setting: str) -> dict | None:
+        """A configuration under which `apply` makes `setting`'s output exactly as under `cfg`, and as little else as it
+        can (recursive paraphrasing asks, once per chain, so a chain no longer pays for every setting); None: no such
+        configuration, every setting is made."""
+        return None
 
 # %% ../nbs/01_components.ipynb #0e09ebc9
 @dataclass(frozen=True, kw_only=True)
@@ -102,13 +107,30 @@ class FunctionMethod(Method):
     device batch for every text) or `fn(item, cfg)` per item."""
     fn: Callable
     batched: bool = True
+    narrow_fn: Callable | None = None   # (cfg, setting) -> cfg | None: `Method.narrow`
 
+    def narrow(self, cfg: dict, setting: str) -> dict | None: return self.narrow_fn(cfg, setting) if self.narrow_fn else None
     def apply(self, items: list, cfg: dict, cache) -> list:
         if self.batched:
             out = self.fn(items, cfg, cache)
             if len(out) != len(items): raise ValueError(f"method {self.name} returned {len(out)} results for {len(items)} texts")
             return out
         return [self.fn(it, cfg) for it in progress(items, desc=f"{self.name}")]
+
+# %% ../nbs/01_components.ipynb #2077d58f
+def parse_setting(setting: str | None) -> dict:
+    "`'guide=fast_detectgpt,N=4'` -> {'guide': 'fast_detectgpt', 'N': 4}: numbers parsed, a bare word maps to None."
+    out = {}
+    for part in (setting or "").split(","):
+        k, sep, v = part.strip().partition("=")
+        if not k: continue
+        if not sep: out[k] = None; continue
+        v = v.strip()
+        try: out[k] = int(v)
+        except ValueError:
+            try: out[k] = float(v)
+            except ValueError: out[k] = v
+    return out
 
 # %% ../nbs/01_components.ipynb #0a9aff45
 @dataclass

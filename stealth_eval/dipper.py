@@ -9,15 +9,15 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from .components import METHODS, FunctionMethod, Method
+from .components import METHODS, FunctionMethod, Method, parse_setting
 from .core import ComponentUnavailable, StealthEvalError, get_logger, progress, sha256_text
 from .models import row_seed
 
 # %% auto #0
 __all__ = ['DIVERSITIES', 'DIPPER_VERSION', 'DIPPER_LM_PROMPT', 'dipper_codes', 'dipper_setting', 'dipper_input',
            'split_for_dipper', 'sentence_windows', 'dipper_loop', 'dipper_dtype', 'load_dipper', 't5_generate',
-           'method_dipper', 'parse_dipper_input', 'dipper_lm_prompt', 'method_dipper_lm', 'recursive_outputs',
-           'method_recursive']
+           'method_dipper', 'narrow_dipper', 'parse_dipper_input', 'dipper_lm_prompt', 'method_dipper_lm',
+           'recursive_outputs', 'method_recursive']
 
 # %% ../nbs/14_dipper.ipynb #ec2d55bb
 DIVERSITIES = (0, 20, 40, 60, 80, 100)   # the only values the released model was trained with
@@ -155,7 +155,13 @@ def method_dipper(items: list, cfg, cache) -> list:
     return _outputs(items, jobs, res, {"model": t5[2], "sent_interval": int(dc["sent_interval"]), "top_p": float(dc["top_p"]),
                                        "max_length": int(dc["max_length"])})
 
-METHODS.register(FunctionMethod(name="dipper", fn=method_dipper, color="C8", label="DIPPER",
+def narrow_dipper(cfg: dict, setting: str) -> dict | None:
+    "`Method.narrow` of DIPPER and its stand-in: the one (L, O) pair of `setting` (each pair's seeds are its own: `_jobs`)."
+    f = parse_setting(setting)
+    ok = isinstance(f.get("L"), int) and isinstance(f.get("O"), int)
+    return {**cfg, "dipper": {**cfg["dipper"], "lex_order": [[f["L"], f["O"]]]}} if ok else None
+
+METHODS.register(FunctionMethod(name="dipper", fn=method_dipper, narrow_fn=narrow_dipper, color="C8", label="DIPPER",
                                 reference="DIPPER (Krishna et al. 2023): T5-XXL discourse paraphraser, lexical/order diversity codes, 3-sentence windows"))
 
 # %% ../nbs/14_dipper.ipynb #71ea6abd
@@ -195,7 +201,8 @@ def method_dipper_lm(items: list, cfg, cache) -> list:
     return _outputs(items, jobs, res, {"model": _identity_of_target(target, cfg), "sent_interval": int(dc["sent_interval"]),
                                        "top_p": float(dc["top_p"]), "stands_in_for": "dipper"})
 
-METHODS.register(FunctionMethod(name="dipper_lm", fn=method_dipper_lm, color="C9", label="DIPPER protocol, instruct LM",
+METHODS.register(FunctionMethod(name="dipper_lm", fn=method_dipper_lm, narrow_fn=narrow_dipper, color="C9",
+                                label="DIPPER protocol, instruct LM",
                                 model_keys=("paraphraser",), stands_in_for="dipper",
                                 reference="DIPPER's window protocol and diversity codes through the instruct paraphraser (offline stand-in)"))
 
@@ -206,21 +213,27 @@ def recursive_outputs(items: list, cfg, cache, base: Method, depths: list) -> li
     out = [[] for _ in items]
     chains = None   # (item index, base setting) -> the text the next depth paraphrases
     for d in range(1, max(depths) + 1):
-        if chains is None: calls = [(i, None, it) for i, it in enumerate(items)]
-        else: calls = [(i, s, {**items[i], "id": f"{items[i]['id']}#depth={d}", "text": t}) for (i, s), t in chains.items()]
-        per = base.apply([c[2] for c in calls], cfg, cache) if calls else []
+        if chains is None: groups = [(cfg, [(i, None, it) for i, it in enumerate(items)])]
+        else:
+            calls = [(i, s, {**items[i], "id": f"{items[i]['id']}#depth={d}", "text": t}) for (i, s), t in chains.items()]
+            narrow = {s: base.narrow(cfg, s) for s in dict.fromkeys(s for _, s, _ in calls)}
+            if all(c is not None for c in narrow.values()):   # one call per setting, making that setting alone
+                groups = [(c, [x for x in calls if x[1] == s]) for s, c in narrow.items()]
+            else: groups = [(cfg, calls)]                        # every chain's call makes every setting; each keeps its own
         nxt = {}
-        for (i, s, it), outs in zip(calls, per):
-            for o in outs:
-                if s is not None and o["setting"] != s: continue   # this chain follows its own setting only
-                cands = o["candidates"]
-                if not cands: continue
-                nxt[(i, o["setting"])] = cands[0]["text"]
-                if d in depths:
-                    name = ",".join(x for x in (f"base={base.name}", o["setting"], f"depth={d}") if x)
-                    out[i].append({"setting": name, "candidates": [
-                        {"text": c["text"], "facts": {**c["facts"], "depth": d, "base_method": base.name, "base_setting": o["setting"],
-                                                      "previous_text": it["text"]}} for c in cands]})
+        for gcfg, calls in groups:
+            per = base.apply([c[2] for c in calls], gcfg, cache) if calls else []
+            for (i, s, it), outs in zip(calls, per):
+                for o in outs:
+                    if s is not None and o["setting"] != s: continue   # this chain follows its own setting only
+                    cands = o["candidates"]
+                    if not cands: continue
+                    nxt[(i, o["setting"])] = cands[0]["text"]
+                    if d in depths:
+                        name = ",".join(x for x in (f"base={base.name}", o["setting"], f"depth={d}") if x)
+                        out[i].append({"setting": name, "candidates": [
+                            {"text": c["text"], "facts": {**c["facts"], "depth": d, "base_method": base.name,
+                                                          "base_setting": o["setting"], "previous_text": it["text"]}} for c in cands]})
         chains = nxt
     return out
 

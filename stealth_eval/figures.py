@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .acceptance import parse_setting, reward_split, write_acceptance  # settings strings are parsed once, below this stage
+from .acceptance import reward_split, write_acceptance
+from .components import parse_setting
 from .components import DATASETS, DETECTORS, METHODS, dataset_analyses, unedited
 from .core import atomic_write_text, md_tex, read_json, write_json
 from .metrics import calibration_humans, validity_note

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
 
-from .components import METHODS, FunctionMethod
+from .components import METHODS, FunctionMethod, parse_setting
 from .core import (Cache, ComponentUnavailable, StealthEvalError, get_logger, progress, read_jsonl, record_skipped,
                    sha256_text, stable_hash)
 from .data import text_validity
@@ -25,9 +25,10 @@ __all__ = ['PARAPHRASE_PROMPT', 'AUTHORMIST_PROMPT', 'CHENG_SYSTEM_PROMPT', 'POO
            'TINY_CHAT_TEMPLATE', 'AUTHORMIST_MODEL', 'clean_answer', 'split_sentences', 'chunk_text', 'join_chunks',
            'AdaptedSpec', 'tokenizer_of', 'generate_answers', 'vllm_lora_rank', 'vllm_engine_args', 'resolve_adapter',
            'adapter_spec', 'load_adapted_lm', 'log_generations', 'paraphrase_pool', 'make_tiny_chat_lm',
-           'select_most_similar', 'select_guided', 'budget_outputs', 'paraphraser_of', 'pool_similarities',
-           'sample_and_select', 'method_m1', 'method_m2', 'method_m4', 'rank_scale', 'select_ensemble',
-           'guide_detectors', 'guide_scores', 'method_m3', 'token_guided_generate', 'token_guided_paraphrase']
+           'select_most_similar', 'select_guided', 'budget_outputs', 'narrow_budget', 'paraphraser_of',
+           'pool_similarities', 'sample_and_select', 'method_m1', 'method_m2', 'method_m4', 'rank_scale',
+           'select_ensemble', 'guide_rules', 'guide_detectors', 'guide_scores', 'method_m3', 'narrow_m3',
+           'token_guided_generate', 'token_guided_paraphrase']
 
 # %% ../nbs/11_paraphrase.ipynb #2cf2b4a4
 PARAPHRASE_PROMPT = ("Please paraphrase the following text while maintaining its meaning and style. "
@@ -396,6 +397,14 @@ def budget_outputs(cands: list, ns: list, select, setting) -> list:
             for i in order]})
     return outs
 
+# %% ../nbs/11_paraphrase.ipynb #5057fb0f
+def narrow_budget(cfg: dict, setting: str) -> dict | None:
+    """`Method.narrow` of a best-of-N method (M1, M2, M4): its budget alone, `n_candidates = [N]`. A pool's candidates
+    are seeded one by one (`paraphrase_pool`), so a pool of N is the first N of a pool of 8, and N's choice is the same."""
+    n = parse_setting(setting).get("N")
+    return {**cfg, "n_candidates": [n]} if isinstance(n, int) else None
+
+
 # %% ../nbs/11_paraphrase.ipynb #fee1c403
 def paraphraser_of(cfg: dict) -> str:
     "The instruct LM of M1/M2/M3: `cfg['paraphraser']`, else the profile's generator."
@@ -433,7 +442,8 @@ def sample_and_select(items: list, cfg: dict, cache, target, pool: str, **gen) -
 def method_m1(items: list, cfg: dict, cache) -> list:
     "M1 simple paraphrase: the instruct LM with StealthRL's prompt, best-of-N by similarity."
     return sample_and_select(items, cfg, cache, paraphraser_of(cfg), pool="m1")
-METHODS.register(FunctionMethod(name="m1", fn=method_m1, color="C0", label="paraphrase", model_keys=("paraphraser",),
+METHODS.register(FunctionMethod(name="m1", fn=method_m1, narrow_fn=narrow_budget, color="C0", label="paraphrase",
+                                 model_keys=("paraphraser",),
                                  reference="plain paraphrase (the instruct LM with StealthRL's prompt), best-of-N by similarity"))
 
 # %% ../nbs/11_paraphrase.ipynb #cc4c3c78
@@ -443,7 +453,8 @@ def method_m2(items: list, cfg: dict, cache) -> list:
     if not adapter: raise ComponentUnavailable("no StealthRL adapter given: --set stealthrl_adapter=PATH")
     spec = adapter_spec(paraphraser_of(cfg), str(adapter), cfg.get("device", "auto"), cfg.get("dtype", "auto"))
     return sample_and_select(items, cfg, cache, spec, pool="m2")
-METHODS.register(FunctionMethod(name="m2", fn=method_m2, color="C1", label="StealthRL", model_keys=("paraphraser",),
+METHODS.register(FunctionMethod(name="m2", fn=method_m2, narrow_fn=narrow_budget, color="C1", label="StealthRL",
+                                 model_keys=("paraphraser",),
                                  reference="StealthRL: the paraphraser with its LoRA adapter"))
 
 AUTHORMIST_MODEL = "authormist/authormist-originality"
@@ -462,7 +473,8 @@ def method_m4(items: list, cfg: dict, cache) -> list:
         raise ComponentUnavailable(f"AuthorMist model {spec!r} cannot be loaded: {e}") from None
     return sample_and_select(items, cfg, cache, lm, pool="m4", prompt=AUTHORMIST_PROMPT,
                              temperature=cfg.get("authormist_temperature", 0.7), top_p=cfg.get("authormist_top_p", 0.9))
-METHODS.register(FunctionMethod(name="m4", fn=method_m4, color="C3", label="AuthorMist", reference="AuthorMist (published model, its card's prompt)"))
+METHODS.register(FunctionMethod(name="m4", fn=method_m4, narrow_fn=narrow_budget, color="C3", label="AuthorMist",
+                                 reference="AuthorMist (published model, its card's prompt)"))
 
 # %% ../nbs/11_paraphrase.ipynb #220a9d12
 def rank_scale(values: list) -> list:
@@ -495,11 +507,15 @@ def select_ensemble(valid: list, sims: list, member_scores: list, min_sim: float
                   "guide_score": mean[j], "fallback": False}
 
 # %% ../nbs/11_paraphrase.ipynb #9c154b67
+def guide_rules(cfg: dict) -> tuple:
+    "M3's guidance rules (`m3_guides`) and the ensemble's members (`m3_ensemble`, else every other guide)."
+    guides = cfg.get("m3_guides", ["roberta_openai", "fast_detectgpt", "ensemble"])
+    return guides, cfg.get("m3_ensemble") or [g for g in guides if g != "ensemble"]
+
 def guide_detectors(cfg: dict) -> tuple:
     "Detector guides that can run {name: detector}, those that cannot {name: reason}, the guidance rules, the ensemble members."
     from stealth_eval.components import DETECTORS
-    guides = cfg.get("m3_guides", ["roberta_openai", "fast_detectgpt", "ensemble"])
-    members = cfg.get("m3_ensemble") or [g for g in guides if g != "ensemble"]
+    guides, members = guide_rules(cfg)
     need = list(dict.fromkeys([g for g in guides if g != "ensemble"] + (members if "ensemble" in guides else [])))
     dets, why = {}, {}
     for g in need:
@@ -564,7 +580,17 @@ def method_m3(items: list, cfg: dict, cache) -> list:
             tg = token_guided_paraphrase(items, cfg, cache, g)
             for o, t in zip(out, tg): o.append({"setting": f"decode=token_guided,guide={g}", "candidates": [t]})
     return out
-METHODS.register(FunctionMethod(name="m3", fn=method_m3, color="C2", label="Adversarial Paraphrasing", model_keys=("paraphraser",),
+def narrow_m3(cfg: dict, setting: str) -> dict | None:
+    """`Method.narrow` of M3: its guidance rule alone (the ensemble keeps its members), at its budget; token-guided
+    decoding only for its own setting, which needs no pool but the smallest."""
+    f = parse_setting(setting)
+    if not isinstance(f.get("guide"), str): return None
+    one = {**cfg, "m3_guides": [f["guide"]], "m3_ensemble": guide_rules(cfg)[1]}
+    if f.get("decode") == "token_guided": return {**one, "n_candidates": [1]}
+    return {**one, "n_candidates": [f["N"]], "m3_token_guided": False} if isinstance(f.get("N"), int) else None
+
+METHODS.register(FunctionMethod(name="m3", fn=method_m3, narrow_fn=narrow_m3, color="C2", label="Adversarial Paraphrasing",
+                                 model_keys=("paraphraser",),
                                  reference="Adversarial Paraphrasing: detector-guided selection (and decoding)"))
 
 # %% ../nbs/11_paraphrase.ipynb #b8ecfe48

@@ -170,3 +170,14 @@ def test_the_rehearsal_builds_and_prices_dippers_shape_only_for_a_run_with_dippe
     rows = [r for r in R.paper_workload({**paper, "methods": paper["methods"] + ["dipper"]}) if "dipper" in r["what"]]
     assert [r["kind"] for r in rows] == ["prefill_encoder", "decode_decoder"] and all(r["dtype"] == "bfloat16" for r in rows)
     assert rows[0]["seqs"] == 1000 * 2 * 4                              # texts x (L, O) pairs x windows of 3 x 28 tokens in 300
+
+
+def test_narrowed_to_one_pair_dipper_makes_that_pairs_output(tmp_path):
+    "A recursive chain's call (`Method.narrow`): one (L, O) pair's output, the same as when every pair is made."
+    cfg = _cfg(str(_tiny_t5(tmp_path / "t5")), lex_order=[[60, 0], [20, 40]])
+    items, dipper, store = [{"id": "a", "text": TEXT}], METHODS.get("dipper"), Cache(tmp_path / "store")
+    full = dipper.apply(items, cfg, store)
+    assert [o["setting"] for o in full[0]] == ["L=60,O=0", "L=20,O=40"]
+    one = dipper.apply(items, dipper.narrow(cfg, "L=20,O=40"), Cache(enabled=False))   # computed afresh
+    assert one == [[full[0][1]]]
+    assert dipper.narrow(cfg, "N=4") is None and METHODS.get("dipper_lm").narrow(cfg, "L=60,O=0")["dipper"]["lex_order"] == [[60, 0]]

@@ -188,6 +188,15 @@ def test_m1_nested_budgets_and_generation_log(tmp_path, tiny):
         stats = det.compute([o["candidates"][0]["text"]], cfg3, cache)
         chosen = det.direction * det.raw(next(iter(stats.values())))
         assert chosen == min(s for s in sc if s is not None)
+    # narrowed to one setting (a recursive chain's call), M1 and M3 make exactly that output, from the pools' prefixes
+    from stealth_eval.components import METHODS
+    for name, full, c, settings in (("m1", out, cfg, ["N=1", "N=2"]),
+                                    ("m3", out3, cfg3, ["guide=fast_detectgpt,N=2", "guide=ensemble,N=4"])):
+        for st in settings:
+            one = METHODS.get(name).apply(items(), METHODS.get(name).narrow(c, st), cache)
+            assert [[o["setting"] for o in outs] for outs in one] == [[st]] * 3
+            assert [outs[0] for outs in one] == [next(o for o in outs if o["setting"] == st) for outs in full]
+    assert cache.stats()["chat_generate"]["misses"] == misses
 
 
 def test_m3_guided_selection_respects_similarity_and_skips_unavailable_guides(tmp_path, tiny, monkeypatch):
