@@ -15,8 +15,7 @@ import numpy as np
 import pandas as pd
 
 from .acceptance import reward_split, write_acceptance
-from .components import parse_setting
-from .components import DATASETS, DETECTORS, METHODS, dataset_analyses, unedited
+from .components import BASELINE, DATASETS, DETECTORS, METHODS, dataset_analyses, parse_setting, unedited
 from .core import atomic_write_text, md_tex, read_json, write_json
 from .metrics import calibration_humans, validity_note
 
@@ -60,9 +59,10 @@ def _key_part(k, v) -> tuple:
     return (k, 0, float(v), "") if isinstance(v, (int, float)) else (k, 1, 0.0, "" if v is None else str(v))
 
 def sort_key(method: str, fields: dict, defense: str = "none") -> tuple:
-    "Sort key of a condition's parts: defense (none first), method, then the setting's values in order (numbers numerically)."
+    """Sort key of a condition's parts: defense (none first), the baseline M0 before every attack, then the method's name,
+    then the setting's values in order (numbers numerically)."""
     d = "" if defense in ("none", "") else defense
-    return (d != "", d, method, tuple(_key_part(k, v) for k, v in fields.items()))
+    return (d != "", d, method != BASELINE, method, tuple(_key_part(k, v) for k, v in fields.items()))
 
 def condition_key(c: str) -> tuple:
     "`sort_key` of a condition's name, for a caller holding only the name (the report)."
