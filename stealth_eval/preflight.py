@@ -211,7 +211,8 @@ def preflight_config(device: str = "auto", scale: str = "auto", overrides: dict 
     small = str(rehearsal_dir(scale) / SMALL_LM)
     ov = {"device": device, "device_profile": "gpu", "rehearsal.scale": scale, "rehearsal.measure_models": False,
           **{k: small for k in SMALL_LM_KEYS}, **(overrides or {})}
-    return resolve_config("rehearsal", n_candidates=ov.pop("n_candidates", None), overrides=ov).to_dict()
+    cfg = resolve_config("rehearsal", n_candidates=ov.pop("n_candidates", None), overrides=ov).to_dict()
+    return {**cfg, "out_dir": None}   # no run folder: the paths write nothing (M3's generation log, skipped.json), never ./artifacts
 
 def preflight_texts(n: int, words: int = 260) -> list:
     """`n` texts of the embedded human corpus, longest first: the longest quarter of them the corpus's longest (past 512

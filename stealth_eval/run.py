@@ -682,6 +682,7 @@ def raid_detector(name: str, profile: str = "embedded", overrides: dict | None =
     names, files = expand_score_specs([name], ov.get("score_files") or {})
     if files: ov["score_files"] = files; register_score_files(files)
     cfg = resolve_device_settings(resolve_config(profile, detectors=names, overrides=ov).to_dict())
+    cfg["out_dir"] = None   # no run folder: a detector outside a run writes nothing (skipped.json), never ./artifacts
     det = DETECTORS.get(names[0])
     if det.needs_train_split:
         raise StealthEvalError(f"raid_detector({name!r}): trained on a run's training split, which exists only inside a run; "

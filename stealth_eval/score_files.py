@@ -253,13 +253,14 @@ def _verified(path, sha256: str, default_direction: int | None) -> dict:
 
 # %% ../nbs/24_score_files.ipynb #e4811acf
 def run_ids(cfg: dict) -> dict:
-    "{dataset: {id: sha256 of its text}} of the run's datasets, from the data stage's `data/<dataset>.jsonl` (absent: {})."
+    """{dataset: {id: sha256 of its text}} of the run's datasets, from the data stage's `data/<dataset>.jsonl` (absent,
+    or no run folder as for `raid_detector`: {})."""
     from stealth_eval.core import read_jsonl
     out = {}
     for spec in cfg.get("datasets") or []:
         name = spec["name"] if isinstance(spec, dict) else str(spec)
-        p = Path(cfg["out_dir"]) / "data" / f"{name}.jsonl"
-        out[name] = {str(r["id"]): sha256_text(r["text"]) for r in read_jsonl(p) if isinstance(r.get("text"), str)} if p.is_file() else {}
+        p = Path(cfg["out_dir"]) / "data" / f"{name}.jsonl" if cfg.get("out_dir") else None
+        out[name] = {str(r["id"]): sha256_text(r["text"]) for r in read_jsonl(p) if isinstance(r.get("text"), str)} if p and p.is_file() else {}
     return out
 
 def check_datasets(content: dict, datasets, path) -> None:

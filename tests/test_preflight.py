@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import run_cli
+from conftest import ROOT, run_cli
 
 SECTIONS = ("## Steps", "## Environment", "## Stand-ins", "## Model paths", "## Stage notebooks",
             "## Prediction: the paper run, from the rates measured here", "## Failures", "## Reading these numbers")
@@ -54,18 +54,22 @@ def test_optional_imports_are_never_at_module_level():
 def short_preflight(tmp_path_factory):
     out = tmp_path_factory.mktemp("preflight")
     # budgets for a loaded CI machine (2 xdist workers, one thread each: the paths took more than the default 240 s there);
-    # the cut itself is tested in the notebook (run_step)
+    # the cut itself is tested in the notebook (run_step). The project's own run folder, a run's default, is left as it was
+    files = lambda: {str(f): f.stat().st_mtime_ns for f in (ROOT / "artifacts").rglob("*") if f.is_file()}
+    before = files()
     p = run_cli("preflight", "--short", "--device", "cpu", "--out_dir", out, "--budget", "build=900", "paths=900", "notebooks=900",
                 timeout=3000, check=False)
-    return out, p
+    after = files()
+    return out, p, sorted(f for f in after if before.get(f) != after[f])
 
 
 def test_preflight_short_runs_every_step_on_the_cpu(short_preflight):
     "CI's preflight: every step passes at the layers shapes through 48-token windows (the notebooks at the reduced ones)."
-    out, p = short_preflight
+    out, p, stray = short_preflight
     rep = json.loads((out / "preflight.json").read_text())
     md = (out / "preflight.md").read_text()
     assert p.returncode == 0, md
+    assert stray == [], stray          # M3's path once logged its generations to the project's artifacts/generations.jsonl
     assert rep["ok"] and [s["status"] for s in rep["steps"].values()] == ["ok"] * 5, rep["steps"]
     assert all(s in md for s in SECTIONS) and md.startswith("# Preflight: every step passed")
     assert rep["scale"] == "layers" and all(m["scale"] == "layers" for m in rep["steps"]["build"]["result"]["models"])
