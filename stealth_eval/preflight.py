@@ -329,14 +329,15 @@ def executed_lengths(lengths: list, budget: int, granule: int, max_len: int | No
     return [L for R, L, idx in plan_batches(lengths, budget, granule, max_len=max_len) for _ in range(R)]
 
 def _prefill_stats(names: list, scale: str, lengths: list, dt: float, hw: dict, logits: bool = True, stacks=None,
-                   plan: tuple | None = None) -> dict:   # (token budget, granule, longest input) of the path's batches
+                   plan: tuple | None = None,    # (token budget, granule, longest input) of the path's batches
+                   dtype: str | None = None) -> dict:   # the weights' dtype where the run sets it (ProxiHuman's embedder)
     """Tokens/s, achieved TFLOP/s, its share of the weights' dtype peak (the cost model's rate) and the share of the
     roofline: the blocks at their dtype's peak, a causal LM's scored head in float32 (`LoadedLM.head_fp32`) at float32's."""
     from stealth_eval.rehearsal import weight_bytes
     if plan and plan[2]: lengths = [min(n, int(plan[2])) for n in lengths]   # a text past the model's input is cut there
     f = sum(prefill_work(n, scale, lengths, logits, stacks) for n in names)
     head = f - sum(prefill_work(n, scale, lengths, False, stacks) for n in names) if logits else 0.0   # the output heads' share
-    bf16 = weight_bytes(names[0]) == 2
+    bf16 = weight_bytes(names[0], dtype) == 2
     peak = hw["peak_tflops"] if bf16 else hw["fp32_tflops"]
     roof = ((f - head) / peak + head / hw["fp32_tflops"]) / 1e12 if bf16 else f / peak / 1e12
     tf = f / dt / 1e12
@@ -426,7 +427,7 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
     from stealth_eval.core import Cache
     from stealth_eval.models import load_causal_lm, load_embedder, lm_kwargs, resolve_device, sample_continuations, scoring_budget
     from stealth_eval.paraphrase import load_adapted_lm, method_m3
-    from stealth_eval.perturbation import (MASK, _fit_words, load_proxihuman_embedder, load_t5, mask_spans, perturb_texts,
+    from stealth_eval.perturbation import (MASK, _fit_words, load_proxihuman_embedder, load_t5, proxihuman_embed_dtype, mask_spans, perturb_texts,
                                            perturbation_params, t5_fill, t5_fill_length, t5_knobs, t5_masked_text)
     from stealth_eval.rehearsal import _name_of
     from stealth_eval.supervised import load_sequence_classifier
@@ -487,7 +488,7 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
         detector("radar", [cfg["classifiers"]["radar"]], clf(cfg["classifiers"]["radar"]), plain_classifier(cfg["classifiers"]["radar"]), logits=False, max_len=512,
                  note="the baseline loads its own copy (plain nn.Linear layers)")
 
-    def embed_path(label, spec, load, max_length):
+    def embed_path(label, spec, load, max_length, dtype=None):   # dtype: what `load` loads in where the run sets it
         name = _name_of(spec)
         tok = AutoTokenizer.from_pretrained(spec)
         lens = [len(s) for s in tok(texts, truncation=True, max_length=max_length).input_ids]
@@ -495,14 +496,15 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
             m = AutoModel.from_pretrained(spec).to(dev).eval()
             plain_embed(m, tok, texts, 4 * R, max_length, dev)
         measure_path(rows, dev, label, [name], lambda: load().encode(texts), warm(load, lambda: load().encode(short)), base,
-                     lambda out, dt: _prefill_stats([name], scale, lens, dt, hw, logits=False, plan=(eb, int(cfg.get("embed_bucket_tokens", 32)), max_length)))
+                     lambda out, dt: _prefill_stats([name], scale, lens, dt, hw, logits=False, plan=(eb, int(cfg.get("embed_bucket_tokens", 32)), max_length),
+                                                    dtype=dtype))
     from stealth_eval.models import _embed_budget
     eb = _embed_budget(dev, cfg.get("embed_batch_tokens", "auto"))
     embed_path("similarity embedder (E5)", cfg["embedder"],
                lambda: load_embedder(cfg["embedder"], device=cfg["device"], batch_tokens=cfg.get("embed_batch_tokens", "auto"),
                                      bucket_tokens=int(cfg.get("embed_bucket_tokens", 32))), 512)
     ph = (cfg.get("perturbation") or {}).get("proxihuman_embedder") or cfg["embedder"]
-    embed_path("ProxiHuman embedder (MPNet)", ph, lambda: load_proxihuman_embedder(ph, cfg), 384)
+    embed_path("ProxiHuman embedder (MPNet)", ph, lambda: load_proxihuman_embedder(ph, cfg), 384, proxihuman_embed_dtype(cfg))
 
     p, kn = perturbation_params(cfg), t5_knobs(perturbation_params(cfg), cfg)
     t5 = lambda: load_t5(p["t5_model"], cfg["device"], kn["t5_dtype"])
