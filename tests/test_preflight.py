@@ -30,6 +30,9 @@ def test_the_wheel_check_names_what_is_missing(monkeypatch):
     missing = [d for d in probs if d not in allowed]
     assert sorted(missing) == ["papermill", "rapidfuzz"], missing
     # a module-level import of a distribution outside the image and the list stops that module's import
+    # an entry nothing needs is refused: the list stays minimal (debugpy, jedi, the widgets' JavaScript: HEADLESS)
+    monkeypatch.setattr(P, "WHEELS", P.WHEELS + ("debugpy==1.8.22",))
+    assert "debugpy is in WHEELS, but nothing needs it" in P.check_wheels()
     bad = P.import_check(allowed - {"pandas"})
     assert any(b.startswith("stealth_eval.metrics does not import") and "pandas" in b for b in bad), bad
 
@@ -87,6 +90,7 @@ def test_preflight_short_runs_every_step_on_the_cpu(short_preflight):
     sweep = next(r for r in paths if r.get("kind") == "sweep")   # a decoder step at the run's rows and at four times as many
     assert [o["rows"] for o in sweep["sweep"]] == [4, 16] and all(o["step_ms"] > 0 and o["calls"] for o in sweep["sweep"]), sweep
     nb = rep["steps"]["notebooks"]["result"]
+    assert nb["device_image_only"]   # the run and its kernels saw only the device image and WHEELS (09_preflight's example)
     assert nb["returncode"] == 0 and set(nb["stages"]) >= {"00_data", "10_methods", "20_detectors", "30_calibration_metrics", "40_figures"}
     assert all(v["status"] == "ok" for v in nb["stages"].values()), nb["stages"]
     pr = rep["steps"]["prediction"]["result"]
