@@ -19,14 +19,14 @@ from pathlib import Path
 from .core import StealthEvalError, atomic_write_text, file_sha256, get_logger, sha256_text, stable_hash, user_cache_dir
 
 # %% auto #0
-__all__ = ['EMBEDDED_LMS', 'LOADS', 'ENCODE_VERSION', 'E5_CONVENTION', 'SAMPLER_VERSION', 'DECODE_CHECK_EVERY', 'CHAT_VERSION',
-           'convert_gguf', 'LoadedLM', 'offline_mode', 'available_offline', 'resolve_device', 'device_class',
-           'device_setting', 'run_dtype', 'lm_kwargs', 'hub_identity', 'lm_identity', 'load_causal_lm', 'load_seq2seq',
-           'use_gqa_sdpa', 'load_tokenizer', 'model_max_tokens', 'make_tiny_lm', 'bucket_length', 'batch_shape',
-           'plan_batches', 'default_token_budget', 'scoring_budget', 'pad_batch', 'rows_alone', 'Embedder',
-           'encoder_max_tokens', 'EmbedConvention', 'embedder_source', 'embedder_convention', 'embedder_identity',
-           'load_embedder', 'similarities', 'row_seed', 'counter_uniform', 'seeded_sample', 'SeededSampler',
-           'iter_seq2seq_sample', 'kv_cache_arg', 'kv_cache_of', 'kv_bytes_per_token', 'decode_rows',
+__all__ = ['EMBEDDED_LMS', 'LOADS', 'ENCODE_VERSION', 'E5_CONVENTION', 'SAMPLER_VERSION', 'NUCLEUS_PREFIX', 'DECODE_CHECK_EVERY',
+           'CHAT_VERSION', 'convert_gguf', 'LoadedLM', 'offline_mode', 'available_offline', 'resolve_device',
+           'device_class', 'device_setting', 'run_dtype', 'lm_kwargs', 'hub_identity', 'lm_identity', 'load_causal_lm',
+           'load_seq2seq', 'use_gqa_sdpa', 'load_tokenizer', 'model_max_tokens', 'make_tiny_lm', 'bucket_length',
+           'batch_shape', 'plan_batches', 'default_token_budget', 'scoring_budget', 'pad_batch', 'rows_alone',
+           'Embedder', 'encoder_max_tokens', 'EmbedConvention', 'embedder_source', 'embedder_convention',
+           'embedder_identity', 'load_embedder', 'similarities', 'row_seed', 'counter_uniform', 'seeded_sample',
+           'SeededSampler', 'iter_seq2seq_sample', 'kv_cache_arg', 'kv_cache_of', 'kv_bytes_per_token', 'decode_rows',
            'iter_continuations', 'sample_continuations', 'chat_prompt_ids', 'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
@@ -730,21 +730,57 @@ def seeded_sample(scores,               # (rows, vocab) logits, any float dtype,
                   seeds,                # (rows,) int64: one seed per row
                   steps,                # (rows,) int64: the row's step (tokens it has drawn so far)
                   temperature: float = 1.0, top_p: float = 1.0,
-                  banned=None):         # (rows, vocab) bool: tokens a row may not draw (e.g. EOS before its minimum)
-    """One token per row from softmax(scores / temperature) truncated to its top-p nucleus, drawn by Gumbel-max, with
-    no host synchronisation: the noise is drawn for the whole vocabulary (at each id the value the nucleus alone would
-    get) and the tokens outside a row's nucleus are masked, so no nucleus size is read on the host."""
+                  banned=None,          # (rows, vocab) bool: tokens a row may not draw (e.g. EOS before its minimum)
+                  prefixes=None):       # prefix sizes tried before the whole vocabulary (None: NUCLEUS_PREFIX on a CPU, none elsewhere)
+    """One token per row from softmax(scores / temperature) truncated to its top-p nucleus, drawn by Gumbel-max. On a
+    GPU with no host synchronisation: the whole vocabulary is sorted, the noise is drawn at every id (the value the
+    nucleus alone would get) and the tokens outside a row's nucleus are masked, so no nucleus size is read on the host.
+    On a CPU, where that read is free and the vocabulary-wide sort and hash are most of a small model's step, each row
+    is drawn from its shortest prefix of likeliest tokens that holds its nucleus (`NUCLEUS_PREFIX`): the same token."""
     import torch
     z = scores.float() / max(float(temperature), 1e-6)
     if banned is not None: z = z.masked_fill(banned, float("-inf"))
     logp = torch.log_softmax(z, -1)
-    g = -torch.log(-torch.log(counter_uniform(seeds, steps, logp.shape[-1])))
-    if top_p >= 1.0: return torch.argmax(logp.double() + g, -1)
+    if top_p >= 1.0:
+        return torch.argmax(logp.double() - torch.log(-torch.log(counter_uniform(seeds, steps, logp.shape[-1]))), -1)
+    if prefixes is None: prefixes = NUCLEUS_PREFIX if logp.device.type == "cpu" else ()
+    if not prefixes: return _vocab_nucleus_sample(logp, seeds, steps, top_p)
+    tok, todo = torch.full(seeds.shape, -1, dtype=torch.long, device=logp.device), torch.arange(len(seeds), device=logp.device)
+    for k in prefixes:   # on a CPU reading a size costs nothing: each row from its shortest prefix that holds it
+        if k >= logp.shape[-1] or len(todo) == 0: break
+        tok[todo] = _prefix_nucleus_sample(logp[todo], seeds[todo], steps[todo], top_p, k)
+        todo = todo[tok[todo] < 0]
+    if len(todo): tok[todo] = _vocab_nucleus_sample(logp[todo], seeds[todo], steps[todo], top_p)
+    return tok
+
+NUCLEUS_PREFIX = (64, 1024)   # on a CPU: the prefixes (a row's k likeliest tokens) tried before the whole vocabulary
+
+def _vocab_nucleus_sample(logp, seeds, steps, top_p: float):
+    "`seeded_sample`'s draw from the whole vocabulary: one stable sort, the noise at every id, no host synchronisation."
+    import torch
     sp, idx = torch.sort(logp, dim=-1, descending=True, stable=True)   # nucleus: a token is kept if the mass before
     pr = sp.exp()                                                      # it (descending, ties by id) is below top_p
     drop = (torch.cumsum(pr, -1) - pr) >= top_p
-    j = torch.argmax(sp.masked_fill(drop, float("-inf")).double() + g.gather(1, idx), -1)
+    g = -torch.log(-torch.log(counter_uniform(seeds, steps, idx)))     # the noise at each sorted id
+    j = torch.argmax(sp.masked_fill(drop, float("-inf")).double() + g, -1)
     return idx.gather(1, j[:, None])[:, 0]
+
+def _prefix_nucleus_sample(logp, seeds, steps, top_p: float, k: int):
+    """The same draw found from each row's k likeliest tokens and every token tied with the k-th, where the nucleus
+    ends inside them; -1 for a row whose nucleus reaches past them. The prefix is the start of the same stable
+    descending order (ids ascending, then a stable sort by value), its cumulative sums are the same additions, and the
+    noise at an id is the id's: the draw is the whole vocabulary's. It reads the prefix's size on the host."""
+    import torch
+    n = (logp >= torch.topk(logp, k, -1).values[:, -1:]).sum(-1)        # each row's prefix, ties with the k-th included
+    ids = torch.sort(torch.topk(logp, int(n.max()), -1).indices, -1).values
+    sp, o = torch.sort(logp.gather(1, ids), dim=-1, descending=True, stable=True)
+    ids, pr = ids.gather(1, o), sp.exp()
+    cs = torch.cumsum(pr, -1)
+    fits = cs.gather(1, (n - 1)[:, None])[:, 0] >= top_p              # every token past the prefix is dropped
+    drop = ((cs - pr) >= top_p) | (torch.arange(ids.shape[1], device=ids.device)[None, :] >= n[:, None])
+    g = -torch.log(-torch.log(counter_uniform(seeds, steps, ids)))
+    j = torch.argmax(sp.masked_fill(drop, float("-inf")).double() + g, -1)
+    return torch.where(fits, ids.gather(1, j[:, None])[:, 0], -1)
 
 # %% ../nbs/02_models.ipynb #ccb51c70
 class SeededSampler:

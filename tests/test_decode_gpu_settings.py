@@ -78,6 +78,7 @@ class SyncCounter:
 @pytest.mark.parametrize("device", DEVICES)
 def test_decode_steps_make_no_host_sync(tiny, device, monkeypatch):
     "40 decode steps of 4 rows (top-p, EOS banned until the minimum) ask the host at most once per DECODE_CHECK_EVERY steps."
+    monkeypatch.setattr(M, "NUCLEUS_PREFIX", ())   # the GPU's sampler on the CPU too (a CPU reads its nucleus prefixes' sizes)
     lm = M.load_causal_lm(tiny, device=device)
     prompts, steps = _prompts(lm, 4), 40
     ref = M.sample_continuations(lm, prompts, [1, 2, 3, 4], steps, [steps, steps, 10, 0], 0.9, 0.95, batch_size=4)
@@ -93,9 +94,15 @@ def test_seeded_sample_reads_nothing_on_the_host(monkeypatch):
     z, seeds, steps = torch.randn(6, 300), torch.arange(6), torch.full((6,), 4)
     counter = SyncCounter(monkeypatch)
     for top_p in (1.0, 0.9, 0.3):
-        M.seeded_sample(z, seeds, steps, 0.8, top_p)
+        M.seeded_sample(z, seeds, steps, 0.8, top_p, prefixes=())      # the GPU's way: the whole vocabulary
     monkeypatch.undo()
     assert counter.ours == 0
+    counter = SyncCounter(monkeypatch)                                  # a CPU's way reads each prefix's size: the same draw
+    for top_p in (0.9, 0.3):
+        assert M.seeded_sample(z, seeds, steps, 0.8, top_p, prefixes=(8, 64)).tolist() == \
+            M.seeded_sample(z, seeds, steps, 0.8, top_p, prefixes=()).tolist()
+    monkeypatch.undo()
+    assert counter.ours > 0
 
 
 def _seeded_sample_before(scores, seeds, steps, temperature=1.0, top_p=1.0, banned=None):
