@@ -27,10 +27,11 @@ __all__ = ['DEVICE_PEAKS', 'IMPORT_GRACE_S', 'IMPORT_WAIT_MAX_S', 'PREFLIGHT_RUN
            'measure_device', 'device_hw', 'versions', 'paper_stand_ins', 'build_models', 'preflight_config',
            'preflight_texts', 'prefill_work', 'decode_bytes', 'plain_logprobs', 'plain_classify', 'plain_embed',
            'plain_generate', 'random_lora_adapter', 'executed_lengths', 'recording_generate', 'seq2seq_seconds',
-           'measure_path', 'measure_paths', 'run_notebooks', 'measured_rates', 'predict_paper',
-           'prediction_at_measured_rates', 'preflight_prediction', 'preflight', 'preflight_report', 'source_imports',
-           'notebook_imports', 'required_distributions', 'device_distributions', 'check_wheels', 'device_image_site',
-           'import_check', 'tree_bytes', 'build_wheels', 'preflight_main', 'wheels_main']
+           'seq2seq_parts', 'encoder_seconds', 'measure_path', 'profile_steps', 'measure_paths', 'run_notebooks',
+           'measured_rates', 'predict_paper', 'prediction_at_measured_rates', 'preflight_prediction', 'preflight',
+           'preflight_report', 'source_imports', 'notebook_imports', 'required_distributions', 'device_distributions',
+           'check_wheels', 'device_image_site', 'import_check', 'tree_bytes', 'build_wheels', 'preflight_main',
+           'wheels_main']
 
 # %% ../nbs/09_preflight.ipynb #a6c71d72
 DEVICE_PEAKS = {   # data-sheet figures: dense bf16 tensor-core TFLOP/s (no sparsity), float32 TFLOP/s (no TF32), memory TB/s
@@ -376,24 +377,44 @@ def seq2seq_seconds(name: str, scale: str, calls: list, hw: dict, dtype: str | N
     """The cost model's time of executed encoder-decoder `generate` calls `(rows, input length, output length)` of the
     stand-in `name` at `scale`: what `06_rehearsal` charges the paper run's T5 rows, an encoder pass
     (`prefill_seconds`) and then a decoder step per output token after the start token (`decode_seconds`)."""
+    return sum(seq2seq_parts(name, scale, calls, hw, dtype))
+
+def seq2seq_parts(name: str, scale: str, calls: list, hw: dict, dtype: str | None = None) -> tuple:
+    "`seq2seq_seconds` as (encoder passes, decoder steps)."
     from stealth_eval.rehearsal import decode_seconds, prefill_seconds
-    t = 0.0
+    enc = dec = 0.0
     for R, L, T in calls:
         new = max(int(T) - 1, 0)                   # the output's first token is the decoder's start token
-        t += prefill_seconds(name, R, L, hw, False, ("encoder.block",), dtype, scale)
-        if new: t += decode_seconds(name, R, L, new, R, hw, ("decoder.block",), dtype, scale)
+        enc += prefill_seconds(name, R, L, hw, False, ("encoder.block",), dtype, scale)
+        if new: dec += decode_seconds(name, R, L, new, R, hw, ("decoder.block",), dtype, scale)
+    return enc, dec
+
+def encoder_seconds(model, calls: list, device: str) -> float:
+    "The time of recorded `generate` calls' encoder passes alone `(rows, input length, _)`: random ids, no padding."
+    import torch
+    g, enc, t = torch.Generator().manual_seed(0), model.get_encoder(), 0.0
+    for R, L, _ in calls:
+        ids = torch.randint(0, model.config.vocab_size, (int(R), int(L)), generator=g).to(device)
+        _sync(device); t0 = time.perf_counter()
+        with torch.no_grad(): enc(input_ids=ids, attention_mask=torch.ones_like(ids))
+        _sync(device); t += time.perf_counter() - t0
     return t
 
-def _fill_stats(name: str, scale: str, calls: list, n_fill: int, dt: float, hw: dict, dtype: str | None = None) -> dict:
+def _fill_stats(name: str, scale: str, calls: list, n_fill: int, dt: float, hw: dict, dtype: str | None = None,
+                enc_s: float | None = None) -> dict:   # the same calls' encoder passes timed alone (`encoder_seconds`)
     """A T5 fill path: fills/s, the batches it executed, and its share of the roofline: the time its executed work
     needs at the peak and the full bandwidth (`seq2seq_seconds` at shares of 1) over the time taken. The prediction
-    prices T5's encoder and decoder rows at that share of both (the one share that reproduces the time measured)."""
+    prices T5's encoder rows at the encoder's share and its decoder rows at the decoder's, where `enc_s` is given."""
     rows = sum(R for R, _, _ in calls)
-    roof = seq2seq_seconds(name, scale, calls, {**hw, "mfu": 1.0, "bw_eff": 1.0}, dtype)
-    return {"kind": "fill", "items": int(n_fill), "unit": "perturbations", "per_s": round(n_fill / dt, 2),
-            "batches": [list(c) for c in calls], "executed_rows": rows, "fill_pct": round(100 * n_fill / max(rows, 1), 1),
-            "decoder_steps": sum(max(T - 1, 0) for _, _, T in calls), "pct_roofline": round(100 * roof / dt, 2),
-            "roofline_share": roof / dt}
+    enc, dec = seq2seq_parts(name, scale, calls, {**hw, "mfu": 1.0, "bw_eff": 1.0}, dtype)
+    out = {"kind": "fill", "items": int(n_fill), "unit": "perturbations", "per_s": round(n_fill / dt, 2),
+           "batches": [list(c) for c in calls], "executed_rows": rows, "fill_pct": round(100 * n_fill / max(rows, 1), 1),
+           "decoder_steps": sum(max(T - 1, 0) for _, _, T in calls), "pct_roofline": round(100 * (enc + dec) / dt, 2),
+           "roofline_share": (enc + dec) / dt}
+    if enc_s and 0 < enc_s < dt:   # the encoder passes timed alone: each half of the fill gets the share it reached
+        out.update(encoder_s=round(enc_s, 3), encoder_share=enc / enc_s, decoder_share=dec / (dt - enc_s),
+                   pct_roofline_encoder=round(100 * enc / enc_s, 2), pct_roofline_decoder=round(100 * dec / (dt - enc_s), 2))
+    return out
 
 def measure_path(rows: list, device: str, path: str, models: list, run, warm=None, baseline=None, stats=None, note: str = "",
                  free: bool = True):   # False: keep the last path's models (the same ones: no second load of 14 GB)
@@ -417,6 +438,28 @@ def measure_path(rows: list, device: str, path: str, models: list, run, warm=Non
         row.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
         get_logger().warning(f"preflight: path {path} failed: {type(e).__name__}: {e}")
     return row
+
+def profile_steps(fn, device: str, n_short: int = 4, n_long: int = 12, top: int = 5) -> dict:
+    """What one decode step costs, from torch's profiler: `fn(n)` generates n new tokens a row, and a run of `n_long`
+    less one of `n_short`, over the steps between, leaves a step's share (the prefill cancels). The host's time in
+    operators, the device's time in kernels, the kernels launched, and the operators that take most of each."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    cuda = device.startswith("cuda")
+    def one(n):
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as p:
+            fn(n); _sync(device)
+        return {e.key: (e.count, e.self_cpu_time_total, getattr(e, "self_device_time_total", 0.0) if cuda else 0.0)
+                for e in p.key_averages()}
+    one(n_short)                                                  # the profiler's own first-use cost, not counted
+    a, b, k = one(n_short), one(n_long), n_long - n_short
+    per = {key: [(b.get(key, (0, 0, 0))[i] - a.get(key, (0, 0, 0))[i]) / k for i in range(3)] for key in set(a) | set(b)}
+    ops = lambda i: [{"op": key[:90], "ms": round(v[i] / 1e3, 3), "calls": round(v[0], 1)}
+                     for key, v in sorted(per.items(), key=lambda kv: -kv[1][i])[:top] if v[i] > 0]
+    return {"steps": k, "host_op_ms": round(sum(max(v[1], 0) for v in per.values()) / 1e3, 3),
+            "device_ms": round(sum(max(v[2], 0) for v in per.values()) / 1e3, 3) if cuda else None,
+            "launches": round(sum(v[0] for key, v in per.items() if "LaunchKernel" in key), 1) if cuda else None,
+            "top_host": ops(1), "top_device": ops(2) if cuda else []}
 
 # %% ../nbs/09_preflight.ipynb #21bb9b80
 def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: int, new_tokens: int, m3_items: int = 1,
@@ -530,12 +573,13 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
                 granule=int(cfg.get("score_bucket_tokens", 64)), max_rows=int(p["batch_size"]))
     measure_path(rows, dev, "T5 span fills (DetectGPT, NPR)", [_name_of(p["t5_model"])],
                  fills, lambda: (t5(), t5_call()), t5_base,   # the call runs on a CPU too: cheap, and CI runs it
-                 lambda out, dt: _fill_stats(_name_of(p["t5_model"]), scale, rec["calls"], n_fill, dt, hw, kn["t5_dtype"]),
+                 lambda out, dt: _fill_stats(_name_of(p["t5_model"]), scale, rec["calls"], n_fill, dt, hw, kn["t5_dtype"],
+                                             encoder_seconds(t5()[0], rec["calls"], dev)),
                  note=f"{len(ft)} texts x {p['n_perturbations']} perturbations, T5 in {kn['t5_dtype']}; "
                       "the baseline samples the same masked texts with generate() at the longest cap, without filler rows")
-    # is a decoder step bound by its rows' bytes or by its kernel launches? One masked text as one batch of the run's rows
-    # and of four times as many, a few dozen steps each: launch-bound, the larger batch costs about the same a step
-    sweep_rows, sweep_steps = [int(p["batch_size"]), 4 * int(p["batch_size"])], (64 if cuda else 8)
+    # is a decoder step bound by its rows' bytes or by its kernel launches? One masked text as one batch of a quarter of
+    # the run's rows and of all of them, a few dozen steps each: launch-bound, the larger batch costs about the same a step
+    sweep_rows, sweep_steps = [max(1, int(p["batch_size"]) // 4), int(p["batch_size"])], (64 if cuda else 8)
     def sweep():
         job = masked(ft[0], 0)
         out = []
@@ -559,7 +603,7 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
     para = cfg["paraphraser"]
     name = _name_of(para)
     batch = int(cfg.get("paraphrase_batch_size", 8))
-    def decode_path(label, get, note=""):
+    def decode_path(label, get, note="", profile=False):
         prompts = lambda m: [m.tokenizer(t, add_special_tokens=False).input_ids[:256] for t in (texts * n_prompts)[:n_prompts]]
         def run():
             m = get(); ps = prompts(m)
@@ -570,9 +614,19 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
             m = get(); sample_continuations(m, prompts(m)[:1], [0], 2, 2, temperature=1.0, top_p=0.95, batch_size=1, desc="warm-up")
         def base():
             m = get(); plain_generate(m.model, prompts(m), batch, pad_of(m.tokenizer), dev, new_tokens=new_tokens, top_p=0.95, temperature=1.0)
-        measure_path(rows, dev, label, [name], run, warm(get, call), base,
-                     lambda out, dt: _decode_stats(name, scale, out[0], new_tokens, batch, out[1], dt, hw), note)
-    decode_path(f"paraphraser sampling ({n_prompts} prompts x {new_tokens} new tokens)", lambda: lm("paraphraser"))
+        row = measure_path(rows, dev, label, [name], run, warm(get, call), base,
+                           lambda out, dt: _decode_stats(name, scale, out[0], new_tokens, batch, out[1], dt, hw), note)
+        if profile and row.get("status") == "ok":   # where a step's time goes, the project's loop beside generate's
+            try:
+                m = get(); ps = prompts(m)[:batch]
+                row["profile"] = {
+                    "project": profile_steps(lambda n: sample_continuations(m, ps, list(range(len(ps))), n, n, temperature=1.0,
+                                                                           top_p=0.95, batch_size=batch, desc="profile"), dev),
+                    "plain": profile_steps(lambda n: plain_generate(m.model, ps, batch, pad_of(m.tokenizer), dev, new_tokens=n,
+                                                                   top_p=0.95, temperature=1.0), dev)}
+            except StepCut: raise
+            except Exception as e: row["profile"] = {"error": f"{type(e).__name__}: {e}"}
+    decode_path(f"paraphraser sampling ({n_prompts} prompts x {new_tokens} new tokens)", lambda: lm("paraphraser"), profile=True)
     adapter = random_lora_adapter(para, tmp / "lora")
     decode_path(f"paraphraser + random LoRA r={LORA_SHAPE['r']} (M2's path)",
                 lambda: load_adapted_lm(para, str(adapter), cfg["device"], cfg["dtype"]),
@@ -643,7 +697,7 @@ RATE_PROXIES = {"falcon-7b-instruct": "falcon-7b", "authormist-originality-rehea
 
 def measured_rates(paths: list, hw: dict, scale: str) -> dict:
     """model -> {'mfu': share of the dtype's peak in prefill, 'bw_eff': share of the bandwidth in decode, 'sample_bw_eff'};
-    T5's fill path gives its model one share of both, the share of its roofline that it reached."""
+    T5's fill path gives its model its encoder's share as 'mfu' and its decoder's as 'bw_eff' (one share of both in older reports)."""
     import math
     from stealth_eval.rehearsal import LOGIT_PASS_BYTES, model_config
     rates = {}
@@ -653,8 +707,9 @@ def measured_rates(paths: list, hw: dict, scale: str) -> dict:
             for m in r["models"]: rates.setdefault(m, {}).setdefault("mfu", r["mfu"])
         if r.get("kind") == "decode" and "LoRA" not in r["path"]:
             rates.setdefault(r["models"][0], {})["bw_eff"] = r["pct_bw"] / 100
-        if r.get("kind") == "fill" and r.get("roofline_share") is not None:   # T5's fills: one share of both (`_fill_stats`)
-            rates.setdefault(r["models"][0], {}).update(mfu=r["roofline_share"], bw_eff=r["roofline_share"])
+        if r.get("kind") == "fill" and r.get("roofline_share") is not None:   # T5's fills: the encoder's share and the
+            rates.setdefault(r["models"][0], {}).update(                         # decoder's, or one share of both (older reports)
+                mfu=r.get("encoder_share", r["roofline_share"]), bw_eff=r.get("decoder_share", r["roofline_share"]))
     for r in paths:   # Lastde++: its time less the pass (at the model's measured prefill share) is the sampling's
         if r.get("status") == "ok" and r["path"].startswith("lastde_pp") and rates.get(r["models"][0], {}).get("mfu", 0) > 0:
             m, n_s = r["models"][0], r["samples"]
@@ -826,7 +881,19 @@ def preflight_report(rep: dict) -> str:
                  f"{_f(r.get('gb_s'), 0)} | {_f(r.get('pct_bw'), 1)} | {_f(r.get('peak_gb'))} | {_f(r.get('seconds'), 2)} | "
                  f"{_f(r.get('baseline_s'), 2)} | {_f(r.get('ratio'))} |")
     notes = [f"- {r['path']}: {r['note']}" for r in paths if r.get("note")]
+    notes += [f"- {r['path']}: its encoder passes took {r['encoder_s']} s timed alone, {r['pct_roofline_encoder']}% of their roofline; "
+              f"its decoder steps, the rest of the time, {r['pct_roofline_decoder']}% of theirs" for r in paths if r.get("encoder_s")]
     if notes: L += [""] + notes
+    top = lambda ops: "; ".join(f"{o['op']} {o['ms']} ms x{o['calls']}" for o in ops) or "–"
+    for r in paths:
+        pf = r.get("profile")
+        if not pf: continue
+        L += ["", f"A decode step of {r['path']}, from torch's profiler (per step: a longer run less a shorter one):", ""]
+        if pf.get("error"): L += [f"not measured: {pf['error']}"]; continue
+        L += ["| loop | host ms in operators | device ms in kernels | kernel launches | most host time | most device time |",
+              "|---|---|---|---|---|---|"]
+        L += [f"| {k} | {_f(v['host_op_ms'])} | {_f(v['device_ms'])} | {_f(v['launches'])} | {top(v['top_host'])} | {top(v['top_device'])} |"
+              for k, v in pf.items()]
     nb = res("notebooks")
     L += ["", "## Stage notebooks", ""]
     if nb:
@@ -858,7 +925,8 @@ def preflight_report(rep: dict) -> str:
           "time the FLOPs need at the peaks (the blocks at their dtype's, a causal LM's scored output head at float32's: "
           "`LoadedLM.head_fp32`) over the time taken: how close the path is to the physical limit. For the T5 fills: the "
           "time their recorded `generate` calls need (the encoder's FLOPs at the peak, each decoder step's bytes at the full "
-          "bandwidth) over the time taken; the prediction prices T5's rows at that share.",
+          "bandwidth) over the time taken. Its encoder passes are also timed alone: the prediction prices T5's encoder rows at "
+          "the encoder's share (the note gives both) and its decoder rows at the share the steps reached in the rest of the time.",
           "- Batches are shaped by each text's own length and filled to the token budget (a text's result never depends on "
           "its batch mates): with the few texts of a preflight many rows are filler (rows real %), which a paper run's "
           "thousands of texts fill with real rows. The prediction therefore uses the share of the peak reached by the "

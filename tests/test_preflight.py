@@ -85,10 +85,14 @@ def test_preflight_short_runs_every_step_on_the_cpu(short_preflight):
     prefill = [r for r in paths if r.get("kind") == "prefill"]
     assert prefill and all(r["tflops"] > 0 and r["per_s"] > 0 and r["ratio"] > 0 and 0 < r["fill_pct"] <= 100 for r in prefill)
     assert all(r["gb_s"] > 0 for r in paths if r.get("kind") == "decode")
+    prof = next(r for r in paths if r.get("profile"))["profile"]   # a decode step's operators, the project's loop and generate's
+    assert set(prof) == {"project", "plain"} and all(v["host_op_ms"] > 0 and v["top_host"] for v in prof.values()), prof
+    assert "A decode step of paraphraser sampling" in md
     fill = next(r for r in paths if r["path"].startswith("T5 span fills"))   # its generate calls recorded, filler rows included
     assert fill["batches"] and fill["executed_rows"] >= fill["items"] > 0 and fill["pct_roofline"] > 0, fill
+    assert 0 < fill["encoder_s"] < fill["seconds"] and fill["encoder_share"] > 0 and fill["decoder_share"] > 0, fill
     sweep = next(r for r in paths if r.get("kind") == "sweep")   # a decoder step at the run's rows and at four times as many
-    assert [o["rows"] for o in sweep["sweep"]] == [4, 16] and all(o["step_ms"] > 0 and o["calls"] for o in sweep["sweep"]), sweep
+    assert [o["rows"] for o in sweep["sweep"]] == [1, 4] and all(o["step_ms"] > 0 and o["calls"] for o in sweep["sweep"]), sweep
     nb = rep["steps"]["notebooks"]["result"]
     assert nb["device_image_only"]   # the run and its kernels saw only the device image and WHEELS (09_preflight's example)
     assert nb["returncode"] == 0 and set(nb["stages"]) >= {"00_data", "10_methods", "20_detectors", "30_calibration_metrics", "40_figures"}
