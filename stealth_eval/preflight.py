@@ -21,7 +21,7 @@ from .core import StealthEvalError, atomic_write_text, get_logger, read_json, wr
 
 # %% auto #0
 __all__ = ['DEVICE_PEAKS', 'IMPORT_GRACE_S', 'IMPORT_WAIT_MAX_S', 'PREFLIGHT_RUN', 'SMALL_LM', 'SMALL_LM_KEYS', 'LORA_SHAPE',
-           'RATE_PROXIES', 'BUDGETS', 'SIZES', 'STEPS', 'PATHS_RUN', 'SHORT_RUN', 'SHORT_NOTEBOOKS',
+           'RATE_PROXIES', 'BUDGETS', 'SIZES', 'STEPS', 'SKIPPABLE', 'PATHS_RUN', 'SHORT_RUN', 'SHORT_NOTEBOOKS',
            'SHORT_NOTEBOOK_RUN', 'DEVICE_IMAGE', 'WHEELS', 'OPTIONAL', 'HEADLESS', 'RUNTIME', 'DEVICE_MARKERS',
            'DEVICE_ONLY', 'WHEEL_PLATFORMS', 'TREE_LIMIT_MIB', 'device_peaks', 'StepCut', 'time_budget', 'run_step',
            'measure_device', 'device_hw', 'versions', 'paper_stand_ins', 'build_models', 'preflight_config',
@@ -780,6 +780,7 @@ SIZES = {   # texts through each path, decode prompts, new tokens a prompt, M3's
     "cpu-short": {"texts": 1, "prompts": 1, "new_tokens": 8, "m3_items": 1, "m3_words": 80},   # M3 on the text's first 80 words
 }
 STEPS = ("environment", "build", "paths", "notebooks", "prediction")
+SKIPPABLE = ("paths", "notebooks", "prediction")   # the environment and the build are what every other step stands on
 PATHS_RUN = {   # the paths step: the paper's settings but for the perturbations a text (4, not 100), the pools (of 2) and
     # one draw a fill: a random T5 often emits too few sentinels, and each redraw round is whole batches again (on the
     # H200, one redrawn fill cost a batch of 128 rows); the notebooks step runs the redraws
@@ -798,8 +799,9 @@ SHORT_NOTEBOOK_RUN = {   # and texts of 60-160 tokens, one candidate: M1 and M2 
 }
 
 def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = "auto", short: bool = False,
-              budgets: dict | None = None) -> dict:
-    "Run the five steps on `device`; write preflight.json and preflight.md after each; return the report."
+              budgets: dict | None = None,
+              skip=()) -> dict:   # steps not to run (of SKIPPABLE): a device call too short for all of them runs them in two
+    "Run the five steps on `device` (less `skip`); write preflight.json and preflight.md after each; return the report."
     import datetime
     from stealth_eval.models import resolve_device
     from stealth_eval.rehearsal import _free, rehearsal_scale
@@ -810,6 +812,9 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
     scale = rehearsal_scale(scale, dev)
     B = {**BUDGETS[kind], **(budgets or {})}
     if set(B) - set(STEPS): raise StealthEvalError(f"preflight: unknown step(s) {sorted(set(B) - set(STEPS))}; steps: {', '.join(STEPS)}")
+    if set(skip) - set(SKIPPABLE):
+        raise StealthEvalError(f"preflight: only {', '.join(SKIPPABLE)} can be skipped, not {sorted(set(skip) - set(SKIPPABLE))}")
+    skip = sorted(set(skip) | ({"prediction"} if "paths" in skip else set()), key=STEPS.index)   # the prediction reads the paths
     Z = SIZES[kind]
     rep = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "device": dev, "scale": scale,
            "short": short, "kind": kind, "budgets": B, "sizes": Z, "steps": {}}
@@ -819,7 +824,9 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
         write_json(out / "preflight.json", rep)
         atomic_write_text(out / "preflight.md", preflight_report(rep))
     def step(name, fn, *a):
-        rep["steps"][name] = run_step(name, B[name], fn, *a); save()
+        rep["steps"][name] = ({"step": name, "status": "skipped", "seconds": 0.0, "budget_s": B[name], "error": "skipped: not asked for"}
+                              if name in skip else run_step(name, B[name], fn, *a))
+        save()
         return rep["steps"][name]
     env = step("environment", lambda p: {**measure_device(dev), "versions": versions()})
     hw = device_hw(env["result"]) if env["status"] == "ok" else None
@@ -834,7 +841,8 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
     step("notebooks", run_notebooks, out, dev, nb_scale, kind == "cpu-short")
     if hw:
         step("prediction", lambda p: predict_paper(measured_rates(rep["steps"]["paths"]["result"].get("paths", []), hw, scale), hw))
-    rep["ok"] = all(s["status"] == "ok" for s in rep["steps"].values()) and len(rep["steps"]) == len(STEPS)
+    rep["skipped"] = list(skip)
+    rep["ok"] = all(s["status"] in ("ok", "skipped") for s in rep["steps"].values()) and len(rep["steps"]) == len(STEPS)
     save()
     return rep
 
@@ -847,9 +855,10 @@ def preflight_report(rep: dict) -> str:
     st = rep.get("steps", {})
     res = lambda k: (st.get(k) or {}).get("result") or {}
     env, hw = res("environment"), rep.get("hw") or {}
-    bad = [k for k, v in st.items() if v["status"] != "ok"]
+    bad = [k for k, v in st.items() if v["status"] not in ("ok", "skipped")]
     what = ", ".join(f"{k} {st[k]['status']}" for k in bad) or "unfinished"
-    verdict = "every step passed" if rep.get("ok") else f"NOT PASSED: {what}"
+    left = [k for k, v in st.items() if v["status"] == "skipped"]
+    verdict = (f"every step passed ({', '.join(left)} not run: --skip)" if left else "every step passed") if rep.get("ok") else f"NOT PASSED: {what}"
     L = [f"# Preflight: {verdict}", "",
          f"Device `{rep['device']}` ({env.get('name', '?')}), stand-ins at the **{rep['scale']}** shapes, "
          f"{'short, ' if rep.get('short') else ''}{rep.get('seconds', 0):.0f} s of wall time in all, started {rep['started']}. "
@@ -1161,7 +1170,7 @@ def build_wheels(dest=".whl", root=None) -> dict:
 
 # %% ../nbs/09_preflight.ipynb #657b21ed
 def preflight_main(argv) -> int:
-    "`stealth-eval preflight [--out_dir D] [--device D] [--scale S] [--short] [--budget STEP=S ...]`: 0 if every step passed."
+    "`stealth-eval preflight [--out_dir D] [--device D] [--scale S] [--short] [--budget STEP=S ...] [--skip STEP ...]`: 0 if every step run passed."
     import argparse
     ap = argparse.ArgumentParser(prog="stealth-eval preflight", description="A bounded check of the paper run on this device "
                                  "(nbs/09_preflight.ipynb): preflight.md and preflight.json in --out_dir.")
@@ -1171,12 +1180,14 @@ def preflight_main(argv) -> int:
                     help="the stand-ins' shapes (auto: full on CUDA, layers on a CPU)")
     ap.add_argument("--short", action="store_true", help="on a CPU: fewer texts, the stage notebooks at the reduced shapes (what CI runs)")
     ap.add_argument("--budget", nargs="+", default=[], metavar="STEP=SECONDS", help=f"a step's time budget; steps: {', '.join(STEPS)}")
+    ap.add_argument("--skip", nargs="+", default=[], choices=SKIPPABLE, metavar="STEP",
+                    help=f"steps not to run ({', '.join(SKIPPABLE)}): a device call too short for all five runs them in two")
     a = ap.parse_args(argv)
     try:
         budgets = {k: float(v) for k, v in (b.split("=", 1) for b in a.budget)}
     except ValueError:
         print(f"stealth-eval preflight: error: --budget takes STEP=SECONDS, got {a.budget}", file=sys.stderr); return 2
-    try: rep = preflight(a.out_dir, a.device, a.scale, a.short, budgets)
+    try: rep = preflight(a.out_dir, a.device, a.scale, a.short, budgets, a.skip)
     except StealthEvalError as e:
         print(f"stealth-eval preflight: error: {e}", file=sys.stderr); return 2
     print((Path(a.out_dir) / "preflight.md").read_text(encoding="utf-8").split("\n## Environment")[0])

@@ -109,3 +109,25 @@ def test_preflight_short_runs_every_step_on_the_cpu(short_preflight):
 def test_preflight_refuses_an_unknown_step_budget(tmp_path):
     p = run_cli("preflight", "--short", "--out_dir", tmp_path, "--budget", "warmup=5", check=False)
     assert p.returncode == 2 and "unknown step(s) ['warmup']" in p.stderr
+
+
+def test_preflight_runs_in_two_calls_when_asked(tmp_path, monkeypatch):
+    """`--skip` leaves steps out, so that a device call too short for all five runs them in two; a skipped step is said
+    so in the report, and the prediction goes with the paths it reads. The environment and the build cannot be skipped
+    (the build is a stub here), and an unknown step is refused by the parser."""
+    import stealth_eval.preflight as P
+    monkeypatch.setattr(P, "build_models", lambda partial, scale: {"models": []})
+    rep = P.preflight(tmp_path / "a", "cpu", short=True, skip=("paths", "notebooks"))   # the prediction goes with the paths
+    ran = {k: v["status"] for k, v in rep["steps"].items()}
+    assert ran == {"environment": "ok", "build": "ok", "paths": "skipped", "notebooks": "skipped", "prediction": "skipped"}, ran
+    assert rep["ok"] and rep["skipped"] == ["paths", "notebooks", "prediction"]
+    assert (tmp_path / "a" / "preflight.md").read_text().startswith(
+        "# Preflight: every step passed (paths, notebooks, prediction not run: --skip)")
+    with pytest.raises(P.StealthEvalError, match="only paths, notebooks, prediction can be skipped"):
+        P.preflight(tmp_path, "cpu", skip=("build",))
+    p = run_cli("preflight", "--short", "--out_dir", tmp_path, "--skip", "warmup", check=False)
+    assert p.returncode == 2 and "invalid choice: 'warmup'" in p.stderr
+    rep = {"device": "cpu", "scale": "layers", "started": "now", "ok": True, "seconds": 1.0,
+           "steps": {s: {"status": "skipped" if s in ("paths", "prediction") else "ok", "seconds": 0.0, "budget_s": 1.0}
+                     for s in P.STEPS}}
+    assert P.preflight_report(rep).startswith("# Preflight: every step passed (paths, prediction not run: --skip)")
