@@ -761,8 +761,8 @@ def _vocab_nucleus_sample(logp, seeds, steps, top_p: float):
     sp, idx = torch.sort(logp, dim=-1, descending=True, stable=True)   # nucleus: a token is kept if the mass before
     pr = sp.exp()                                                      # it (descending, ties by id) is below top_p
     drop = (torch.cumsum(pr, -1) - pr) >= top_p
-    g = -torch.log(-torch.log(counter_uniform(seeds, steps, idx)))     # the noise at each sorted id
-    j = torch.argmax(sp.masked_fill(drop, float("-inf")).double() + g, -1)
+    g = -torch.log(-torch.log(counter_uniform(seeds, steps, logp.shape[-1])))   # the token ids' half of the hash is cached
+    j = torch.argmax(sp.masked_fill(drop, float("-inf")).double() + g.gather(1, idx), -1)
     return idx.gather(1, j[:, None])[:, 0]
 
 def _prefix_nucleus_sample(logp, seeds, steps, top_p: float, k: int):
