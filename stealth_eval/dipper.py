@@ -14,9 +14,10 @@ from .core import ComponentUnavailable, StealthEvalError, get_logger, progress, 
 from .models import row_seed
 
 # %% auto #0
-__all__ = ['DIVERSITIES', 'DIPPER_VERSION', 'DIPPER_LM_PROMPT', 'dipper_codes', 'dipper_setting', 'dipper_input',
-           'split_for_dipper', 'sentence_windows', 'dipper_loop', 'dipper_dtype', 'load_dipper', 't5_generate',
-           'method_dipper', 'narrow_dipper', 'parse_dipper_input', 'dipper_lm_prompt', 'method_dipper_lm',
+__all__ = ['DIVERSITIES', 'PREFIX_WORDS', 'DIPPER_VERSION', 'DIPPER_LM_PROMPT', 'RECURSIVE_PROTOCOLS', 'SADASIVAN',
+           'dipper_codes', 'dipper_setting', 'dipper_input', 'split_for_dipper', 'sentence_windows', 'bound_prefix',
+           'dipper_loop', 'dipper_dtype', 'load_dipper', 't5_generate', 'method_dipper', 'narrow_dipper',
+           'parse_dipper_input', 'dipper_lm_prompt', 'method_dipper_lm', 'sadasivan_round', 'sadasivan_outputs',
            'recursive_outputs', 'method_recursive']
 
 # %% ../nbs/14_dipper.ipynb #ec2d55bb
@@ -64,19 +65,32 @@ def sentence_windows(sentences: list, sent_interval: int) -> list:
     return [" ".join(sentences[i:i + sent_interval]) for i in range(0, len(sentences), sent_interval)]
 
 # %% ../nbs/14_dipper.ipynb #73d844fe
-def dipper_loop(jobs: list,          # {"text", "prefix", "lex_code", "order_code", "seed"} per paraphrase to write
+PREFIX_WORDS = 1000   # `dipper.prefix_words`' default: the context a window reads keeps its last 1,000 words
+
+def bound_prefix(prefix: str, n_words: int) -> str:
+    "The last `n_words` words of `prefix`, joined by one space, when it has more; else `prefix` unchanged (0: no bound)."
+    if n_words <= 0: return prefix
+    w = prefix.split()
+    return prefix if len(w) <= n_words else " ".join(w[-n_words:])
+
+def dipper_loop(jobs: list,             # {"text", "prefix", "lex_code", "order_code", "seed"} per paraphrase to write
                 sent_interval: int,
-                generate) -> list:   # generate(inputs: list[str], seeds: list[int]) -> list[str]
-    "Run DIPPER's sentence-window loop for every job at once: [{text, inputs, n_windows, splitter}] per job."
+                generate,               # generate(inputs: list[str], seeds: list[int]) -> list[str]
+                prefix_words: int = 0   # a window's context keeps its last this many words (0: all, as the reference)
+                ) -> list:
+    "Run DIPPER's sentence-window loop for every job at once: [{text, inputs, n_windows, splitter, prefix_cut}] per job."
     state = []
     for jb in jobs:
         sents, how = split_for_dipper(jb["text"])
-        state.append({"windows": sentence_windows(sents, int(sent_interval)), "splitter": how,
+        state.append({"windows": sentence_windows(sents, int(sent_interval)), "splitter": how, "cut": 0,
                       "prefix": " ".join(str(jb.get("prefix") or "").replace("\n", " ").split()), "out": "", "inputs": []})
     step = 0
     while True:
         live = [k for k, s in enumerate(state) if step < len(s["windows"])]
         if not live: break
+        for k in live:   # the context kept: its last words (the last n of the kept ones are the last n of all of it)
+            p = bound_prefix(state[k]["prefix"], int(prefix_words))
+            state[k]["cut"] += p != state[k]["prefix"]; state[k]["prefix"] = p
         inputs = [dipper_input(jobs[k]["lex_code"], jobs[k]["order_code"], state[k]["prefix"], state[k]["windows"][step]) for k in live]
         outs = generate(inputs, [row_seed(jobs[k]["seed"], "window", step) for k in live])
         for k, x, o in zip(live, inputs, outs):
@@ -84,8 +98,8 @@ def dipper_loop(jobs: list,          # {"text", "prefix", "lex_code", "order_cod
             state[k]["prefix"] += " " + o
             state[k]["out"] += " " + o
         step += 1
-    return [{"text": s["out"].strip(), "inputs": s["inputs"], "n_windows": len(s["windows"]), "splitter": s["splitter"]}
-            for s in state]
+    return [{"text": s["out"].strip(), "inputs": s["inputs"], "n_windows": len(s["windows"]), "splitter": s["splitter"],
+             "prefix_cut": s["cut"]} for s in state]
 
 # %% ../nbs/14_dipper.ipynb #c63f5f0b
 def dipper_dtype(cfg) -> str:
@@ -140,7 +154,7 @@ def _outputs(items: list, jobs: list, results: list, facts: dict) -> list:
     out = [[] for _ in items]
     for (i, lex, order, jb), r in zip(jobs, results):
         f = {**facts, "lex_diversity": lex, "order_diversity": order, "lex_code": jb["lex_code"], "order_code": jb["order_code"],
-             "n_windows": r["n_windows"], "splitter": r["splitter"], "seed": jb["seed"]}
+             "n_windows": r["n_windows"], "splitter": r["splitter"], "prefix_cut": r["prefix_cut"], "seed": jb["seed"]}
         out[i].append({"setting": dipper_setting(lex, order), "candidates": [{"text": r["text"], "facts": f}]})
     return out
 
@@ -151,9 +165,10 @@ def method_dipper(items: list, cfg, cache) -> list:
     jobs = _jobs(items, cfg, "dipper")
     gen = lambda xs, seeds: t5_generate(t5, xs, seeds, cache, float(dc["top_p"]), int(dc["max_length"]),
                                         int(dc["batch_tokens"]), int(dc["batch_size"]))
-    res = dipper_loop([j[3] for j in jobs], int(dc["sent_interval"]), gen)
+    pw = int(dc.get("prefix_words", PREFIX_WORDS))
+    res = dipper_loop([j[3] for j in jobs], int(dc["sent_interval"]), gen, pw)
     return _outputs(items, jobs, res, {"model": t5[2], "sent_interval": int(dc["sent_interval"]), "top_p": float(dc["top_p"]),
-                                       "max_length": int(dc["max_length"])})
+                                       "max_length": int(dc["max_length"]), "prefix_words": pw})
 
 def narrow_dipper(cfg: dict, setting: str) -> dict | None:
     "`Method.narrow` of DIPPER and its stand-in: the one (L, O) pair of `setting` (each pair's seeds are its own: `_jobs`)."
@@ -197,9 +212,10 @@ def method_dipper_lm(items: list, cfg, cache) -> list:
         ans = generate_answers(target, msgs, seeds, cache, cfg, mx, cfg.get("paraphrase_temperature", 0.9), float(dc["top_p"]),
                                desc="dipper_lm windows")
         return [" ".join(_SENT_TAGS.sub("", clean_answer(a)).split()) for a in ans]
-    res = dipper_loop([j[3] for j in jobs], int(dc["sent_interval"]), gen)
+    pw = int(dc.get("prefix_words", PREFIX_WORDS))
+    res = dipper_loop([j[3] for j in jobs], int(dc["sent_interval"]), gen, pw)
     return _outputs(items, jobs, res, {"model": _identity_of_target(target, cfg), "sent_interval": int(dc["sent_interval"]),
-                                       "top_p": float(dc["top_p"]), "stands_in_for": "dipper"})
+                                       "top_p": float(dc["top_p"]), "prefix_words": pw, "stands_in_for": "dipper"})
 
 METHODS.register(FunctionMethod(name="dipper_lm", fn=method_dipper_lm, narrow_fn=narrow_dipper, color="C9",
                                 label="DIPPER protocol, instruct LM",
@@ -207,8 +223,48 @@ METHODS.register(FunctionMethod(name="dipper_lm", fn=method_dipper_lm, narrow_fn
                                 reference="DIPPER's window protocol and diversity codes through the instruct paraphraser (offline stand-in)"))
 
 # %% ../nbs/14_dipper.ipynb #685b8480
-def recursive_outputs(items: list, cfg, cache, base: Method, depths: list) -> list:
+RECURSIVE_PROTOCOLS = ("stealth_eval", "sadasivan")
+# rephrase/recursive_paraphrase.py: lex_diversity=60, order_diversity=60 in the last round and 0 before, top_p=0.75,
+# top_k=None, max_length=750, paraphrase()'s default sent_interval=3
+SADASIVAN = {"lex": 60, "order": 0, "last_order": 60, "max_length": 750, "top_p": 0.75, "sent_interval": 3}
+
+def sadasivan_round(cfg: dict, last: bool) -> dict:
+    "DIPPER's configuration in one round of Sadasivan et al.'s recursion: L60 O0 (O60 in the `last`), max_length 750."
+    s = SADASIVAN
+    return {**cfg, "dipper": {**cfg["dipper"], "lex_order": [[s["lex"], s["last_order"] if last else s["order"]]],
+                              "max_length": s["max_length"], "top_p": s["top_p"], "sent_interval": s["sent_interval"]}}
+
+def _recursion_facts(c: dict, d: int, base: Method, setting: str, previous: str, **more) -> dict:
+    return {"text": c["text"], "facts": {**c["facts"], "depth": d, "base_method": base.name, "base_setting": setting,
+                                         "previous_text": previous, **more}}
+
+def sadasivan_outputs(items: list, cfg, cache, base: Method, depths: list) -> list:
+    "Sadasivan et al.'s recursion of DIPPER: round d paraphrases round d-1's output, round d-1's input as context."
+    if "dipper" not in (base.name, base.stands_in_for):
+        raise StealthEvalError(f"recursive.protocol='sadasivan' recurses DIPPER (dipper or dipper_lm), not {base.name!r}")
+    depths = sorted(set(int(d) for d in depths))
+    rounds, out = max(depths), [[] for _ in items]
+    chains = {i: ("", it["text"]) for i, it in enumerate(items)}   # item -> (context, text) of the next round
+    for d in range(1, rounds + 1):
+        calls = [(i, {**items[i], "id": items[i]["id"] if d == 1 else f"{items[i]['id']}#depth={d}", "prompt": ctx, "text": t})
+                 for i, (ctx, t) in chains.items()]
+        per = base.apply([c for _, c in calls], sadasivan_round(cfg, d == rounds), cache) if calls else []
+        nxt = {}
+        for (i, it), outs in zip(calls, per):
+            o = outs[0] if outs else None                   # the round's one (L, O) pair
+            if o is None or not o["candidates"]: continue
+            nxt[i] = (it["text"], o["candidates"][0]["text"])  # the next round's context: this round's input
+            if d in depths:
+                out[i].append({"setting": f"base={base.name},protocol=sadasivan,{o['setting']},depth={d}", "candidates": [
+                    _recursion_facts(c, d, base, o["setting"], it["text"], protocol="sadasivan", rounds=rounds)
+                    for c in o["candidates"]]})
+        chains = nxt
+    return out
+
+def recursive_outputs(items: list, cfg, cache, base: Method, depths: list, protocol: str = "stealth_eval") -> list:
     "For each item, one output per (base setting, depth in `depths`), chaining `base.apply` on rank-0 outputs."
+    if protocol == "sadasivan": return sadasivan_outputs(items, cfg, cache, base, depths)
+    if protocol != "stealth_eval": raise StealthEvalError(f"recursive.protocol must be one of {RECURSIVE_PROTOCOLS}, got {protocol!r}")
     depths = sorted(set(int(d) for d in depths))
     out = [[] for _ in items]
     chains = None   # (item index, base setting) -> the text the next depth paraphrases
@@ -232,18 +288,17 @@ def recursive_outputs(items: list, cfg, cache, base: Method, depths: list) -> li
                     if d in depths:
                         name = ",".join(x for x in (f"base={base.name}", o["setting"], f"depth={d}") if x)
                         out[i].append({"setting": name, "candidates": [
-                            {"text": c["text"], "facts": {**c["facts"], "depth": d, "base_method": base.name,
-                                                          "base_setting": o["setting"], "previous_text": it["text"]}} for c in cands]})
+                            _recursion_facts(c, d, base, o["setting"], it["text"], protocol="stealth_eval") for c in cands]})
         chains = nxt
     return out
 
 def method_recursive(items: list, cfg, cache) -> list:
-    "Recursive paraphrasing of every method in `recursive.methods`, at the depths `recursive.depths`."
+    "Recursive paraphrasing of every method in `recursive.methods`, at the depths `recursive.depths`, by `recursive.protocol`."
     rc = cfg["recursive"]
     if not rc["methods"]: raise ComponentUnavailable("recursive.methods is empty: name the paraphrasing methods to recurse (e.g. --set 'recursive.methods=[\"m1\"]')")
     out, why = [[] for _ in items], {}
     for m in rc["methods"]:
-        try: per = recursive_outputs(items, cfg, cache, METHODS.get(m), rc["depths"])
+        try: per = recursive_outputs(items, cfg, cache, METHODS.get(m), rc["depths"], rc.get("protocol") or "stealth_eval")
         except ComponentUnavailable as e:
             why[m] = str(e); get_logger().warning(f"recursive: {m} skipped: {e}"); continue
         for o, p in zip(out, per): o.extend(p)

@@ -373,6 +373,8 @@ class Dipper(Section):
     max_length: int = setting(512, "decoder tokens per window at most (reference: max_length=512)", "count")
     batch_size: int = setting(16, "windows per generate batch at most", "count")
     batch_tokens: int = setting(0, "input tokens per batch (0: one unpadded window a batch)", "count0")
+    prefix_words: int = setting(1000, "a window's context (the prompt and the outputs so far) keeps its last this many words; the "
+                                "reference keeps all, so a text's input grows with the square of its length (0: all)", "count0")
 
     def check(self):
         for p in self.lex_order:
@@ -385,6 +387,16 @@ class Recursive(Section):
     methods: list[str] = setting([], "paraphrasing methods to recurse (m1, m2, dipper, dipper_lm; [] = none)")
     depths: list[int] = setting([1, 3, 5], "depths reported, each a condition `recursive:base=m1,N=1,depth=3` (PADBen: 1, 3, 5)", "count",
                                 nonempty=True, at_most=(20, "each depth paraphrases every text once more"))
+    protocol: str = setting("stealth_eval", "stealth_eval: each depth runs the method as alone (DIPPER: the text's prompt as context, "
+                            "each (L, O) pair throughout); sadasivan: Sadasivan et al.'s script, dipper and dipper_lm only: the "
+                            "previous round's input as context, L60 O0, O60 in the last round, max_length 750",
+                            choices="stealth_eval|sadasivan", allowed="stealth_eval or sadasivan")
+
+    def check(self):
+        other = [m for m in self.methods if m not in ("dipper", "dipper_lm")]
+        if self.protocol == "sadasivan" and other:
+            raise SettingsError(f"recursive.protocol='sadasivan' recurses DIPPER as Sadasivan et al. ran it, but recursive.methods "
+                                f"names {_shown(other[0])}; expects dipper or dipper_lm (or protocol 'stealth_eval')")
 
 # %% ../nbs/03_schema.ipynb #fec44a44
 @section("acceptance")

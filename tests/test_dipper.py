@@ -181,3 +181,57 @@ def test_narrowed_to_one_pair_dipper_makes_that_pairs_output(tmp_path):
     one = dipper.apply(items, dipper.narrow(cfg, "L=20,O=40"), Cache(enabled=False))   # computed afresh
     assert one == [[full[0][1]]]
     assert dipper.narrow(cfg, "N=4") is None and METHODS.get("dipper_lm").narrow(cfg, "L=60,O=0")["dipper"]["lex_order"] == [[60, 0]]
+
+
+def test_the_context_keeps_its_last_words_so_a_long_texts_input_grows_linearly():
+    """The reference never shortens the prefix (its tokenizer call has no truncation; T5's positions are relative), so
+    window j reads every output before it. `prefix_words` keeps the context's last words: within the bound the input is
+    the reference's to the character; past it, the last `prefix_words` words of the reference's context."""
+    text = " ".join(f"Sentence {k} has exactly seven words." for k in range(5000 // 6 + 1))   # 834 sentences, 5,004 words
+    echo = lambda xs, seeds: [dp.parse_dipper_input(x)[3] for x in xs]                         # an output as long as its window
+    job = {"text": text, "prefix": "Tracy is a fox.", "lex_code": 40, "order_code": 100, "seed": 0}
+    full, cut = dp.dipper_loop([job], 3, echo)[0], dp.dipper_loop([job], 3, echo, prefix_words=1000)[0]
+    assert full["n_windows"] == cut["n_windows"] == 278 and full["text"] == cut["text"] and full["prefix_cut"] == 0
+    words = lambda r: sum(len(x.split()) for x in r["inputs"])
+    # an input: the codes' 6 words, the context, the tags and the window's 18 words; unbounded, window j's context is the
+    # prompt's 4 words and the 18 of each window before it (quadratic); bounded, at most 1,000
+    assert words(full) == sum(6 + 4 + 18 * j + 2 + 18 for j in range(278)) == 701_394
+    for x, y in zip(full["inputs"], cut["inputs"]):
+        lc, oc, ctx, window = dp.parse_dipper_input(x)
+        assert y == (x if len(ctx.split()) <= 1000 else dp.dipper_input(lc, oc, " ".join(ctx.split()[-1000:]), window))
+    assert cut["prefix_cut"] == sum(len(dp.parse_dipper_input(x)[2].split()) > 1000 for x in full["inputs"]) == 222
+    assert words(cut) == sum(6 + min(4 + 18 * j, 1000) + 2 + 18 for j in range(278)) == 257_172
+    assert max(len(x.split()) for x in cut["inputs"]) == 6 + 1000 + 2 + 18                     # linear: at most 1,026 a window
+
+
+def test_the_methods_read_the_bound_and_record_it(monkeypatch):
+    seen = []
+    monkeypatch.setattr(dp, "load_dipper", lambda cfg: (None, None, "stub-t5", "cpu"))
+    monkeypatch.setattr(dp, "t5_generate", lambda t5, xs, seeds, cache, *a: seen.extend(xs) or [dp.parse_dipper_input(x)[3] for x in xs])
+    out = METHODS.get("dipper").apply([{"id": "a", "text": TEXT, "prompt": "Tracy is a fox."}], _cfg("stub", prefix_words=3),
+                                      Cache(enabled=False))[0][0]["candidates"][0]
+    assert seen[1] == "lexical = 40, order = 100 The dog sleeps. <sent> Then it wakes up. </sent>"   # the last 3 words
+    assert (out["facts"]["prefix_words"], out["facts"]["prefix_cut"]) == (3, 2)
+    seen.clear()
+    METHODS.get("dipper").apply([{"id": "a", "text": TEXT, "prompt": "Tracy is a fox."}], _cfg("stub", prefix_words=0), Cache(enabled=False))
+    assert seen[1] == ("lexical = 40, order = 100 Tracy is a fox. It is quick and brown. It jumps over the lazy dog. The dog sleeps. "
+                       "<sent> Then it wakes up. </sent>")
+
+
+def test_sadasivans_recursion_on_a_tiny_t5_is_cached_by_its_own_content(tmp_path):
+    "The T5 path under `recursive.protocol='sadasivan'`: max_length 750 in each window's cache key, so today's windows are not reused."
+    cfg = {**_cfg(str(_tiny_t5(tmp_path / "t5")), lex_order=[[60, 0]], prefix_words=1000),
+           "recursive": {"methods": ["dipper"], "depths": [1, 2]}}
+    items, rec, store = [{"id": "a", "text": TEXT}], METHODS.get("recursive"), Cache(tmp_path / "store")
+    today, m_today = rec.apply(items, cfg, store)[0], store.misses["dipper_window"]
+    assert [o["setting"] for o in today] == ["base=dipper,L=60,O=0,depth=1", "base=dipper,L=60,O=0,depth=2"]
+    sad_cfg = {**cfg, "recursive": {**cfg["recursive"], "protocol": "sadasivan"}}
+    sad = rec.apply(items, sad_cfg, store)[0]
+    assert store.hits.get("dipper_window", 0) == 0                  # round 1 asks what depth 1 asked, but with max_length 750
+    assert [o["setting"] for o in sad] == ["base=dipper,protocol=sadasivan,L=60,O=0,depth=1",
+                                           "base=dipper,protocol=sadasivan,L=60,O=60,depth=2"]
+    f = [o["candidates"][0]["facts"] for o in sad]
+    assert [(x["max_length"], x["order_diversity"], x["protocol"], x["prefix_words"]) for x in f] == [(750, 0, "sadasivan", 1000), (750, 60, "sadasivan", 1000)]
+    m_sad = store.misses["dipper_window"]
+    assert rec.apply(items, sad_cfg, store)[0] == sad                 # again: every window read back, none computed
+    assert store.misses["dipper_window"] == m_sad and store.hits["dipper_window"] == m_sad - m_today >= 3
