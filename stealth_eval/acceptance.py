@@ -13,7 +13,8 @@ import numpy as np
 
 from .components import METHODS, dataset_analyses, parse_setting   # settings strings: parsed where methods are
 from .core import atomic_write_text, read_json, write_json
-from .metrics import TABLE_COLS, calibration_sets, common_view, condition_scores, human_scores, threshold_at_fpr, tpr_rows
+from .metrics import (TABLE_COLS, calibration_sets, common_view, condition_scores, human_scores, left_out_note, measured,
+                                  threshold_at_fpr, tpr_rows)
 from .schema import Settings
 
 # %% auto #0
@@ -56,7 +57,7 @@ def mean_tpr(c: dict, cond: str, dets: list, alpha: float) -> tuple:
     """Mean TPR at FPR `alpha` over `dets` (those with a calibration) of AI condition `cond` in calibration set `c`
     (`metrics.calibration_sets`, or a `metrics.common_view` of it), and its (B,) draws."""
     pts, draws, cache = [], [], c.setdefault("_condition_scores", {})   # condition_scores per detector, built once per set
-    for d in (d for d in dets if d in c["human"]):
+    for d in measured(c, [cond], dets)[0]:          # a detector without a calibration or a valid AI text here: left out
         h, _, ih = human_scores(c, d)
         t, tb = threshold_at_fpr(h, alpha), threshold_at_fpr(h[ih], alpha)   # refitted on each human resample
         if d not in cache: cache[d] = condition_scores(c, d)
@@ -69,11 +70,15 @@ def mean_tpr(c: dict, cond: str, dets: list, alpha: float) -> tuple:
 def tpr_contrast(c: dict, a: tuple, b: tuple, alpha: float, level: float) -> dict:
     """Mean TPR of `a` = (condition, detectors) minus that of `b` on the same resamples of calibration set `c`: each with
     its CI, and the difference's. Two groups of detectors are compared on the texts valid for every one of them
-    (`metrics.common_view`); one group on two conditions, each detector on its own calibration texts."""
-    if set(a[1]) != set(b[1]): c = common_view(c, list(dict.fromkeys([*a[1], *b[1]])))
+    (`metrics.common_view`); one group on two conditions, each detector on its own calibration texts. A detector without
+    numbers for both conditions (`metrics.measured`) is left out of both sides, and named with its reason (`left_out`)."""
+    kept, left = measured(c, list(dict.fromkeys([a[0], b[0]])), list(dict.fromkeys([*a[1], *b[1]])))   # numbers for both
+    a, b = (a[0], [d for d in a[1] if d in kept]), (b[0], [d for d in b[1] if d in kept])
+    if set(a[1]) != set(b[1]): c = common_view(c, kept)
     pa, da = mean_tpr(c, *a, alpha)
     pb, db = mean_tpr(c, *b, alpha)
-    return {"a": _interval(pa, da, level), "b": _interval(pb, db, level), "difference": _interval(pa - pb, da - db, level)}
+    return {"a": _interval(pa, da, level), "b": _interval(pb, db, level), "difference": _interval(pa - pb, da - db, level),
+            "left_out": left}
 
 # %% ../nbs/35_acceptance.ipynb #2b49ca01
 def _facts_of(rows) -> dict:
@@ -97,10 +102,12 @@ def transfer_rows(scores, cfg: dict) -> list:
             # the panel: the detectors with a calibration (one that failed is not measured: `unmeasured`)
             sp = reward_split(method, setting if isinstance(setting, str) else "", c["calibrated"], cfg, _facts_of(rows))
             if not sp["declared"]: continue
+            kept, left = measured(c, [cond], sp["held_out"] + sp["in_reward"])   # a detector with no number here: left out
+            sp = {**sp, "held_out": [d for d in sp["held_out"] if d in kept], "in_reward": [d for d in sp["in_reward"] if d in kept]}
             dets = tuple(sp["held_out"] + sp["in_reward"])          # both groups on the texts valid for every one of them
             v = views[dets] = views.get(dets) or common_view(c, list(dets))
             n_h = len(human_scores(v, v["dets"][0])[0]) if v["calibrated"] else 0
-            r = {"dataset": c["dataset"], "method": method, "setting": setting, "condition": cond, **sp,
+            r = {"dataset": c["dataset"], "method": method, "setting": setting, "condition": cond, **sp, "left_out": left,
                  "fpr_target": alpha, "n_human": int(n_h), "n_ai": int(v["ai_common"][cond].sum()),
                  "texts": "valid for every detector compared", "held_out_tpr": None, "in_reward_tpr": None, "difference": None, "note": ""}
             if sp["held_out"] and sp["in_reward"]:
@@ -110,7 +117,9 @@ def transfer_rows(scores, cfg: dict) -> list:
                 have, key = (sp["held_out"], "held_out_tpr") if sp["held_out"] else (sp["in_reward"], "in_reward_tpr")
                 if have: r[key] = _interval(*mean_tpr(v, cond, have, alpha), level)
                 r["note"] = ("no in-reward detector in the panel" + (f" ({', '.join(sp['unmeasured'])} not run)" if sp["unmeasured"] else "")
-                             if sp["held_out"] else "no held-out detector in the panel")
+                             if sp["held_out"] else "no held-out detector in the panel" if sp["in_reward"]
+                             else "no detector of the panel has a number for this condition")
+            r["note"] = "; ".join(x for x in (r["note"], left_out_note(left)) if x)
             out.append(r)
     return out
 
@@ -218,9 +227,13 @@ def check_m0_high(table, cfg: dict) -> list:
             out.append(verdict("2a", crit, NA, reason=f"no M0 TPR at FPR {acc['fpr_target']:g} (no human text to calibrate on, or the FPR target was not run)", dataset=ds))
             continue
         r = r.iloc[0]; x = _row_ci(r)
+        note = (json.loads(r["detail"]) if isinstance(r["detail"], str) else {}).get("note", "")   # who the mean leaves out
+        if not int(r["n_detectors"]):
+            out.append(verdict("2a", crit, NA, reason=f"no detector has a valid M0 score ({note})", dataset=ds)); continue
         ok = x["value"] >= acc["m0_tpr_min"]
         out.append(verdict("2a", crit, PASS if ok else FAIL, f"mean TPR {_ci(x)} over {int(r['n_detectors'])} detectors "
-                           f"({'>=' if ok else '<'} {acc['m0_tpr_min']:g})", dataset=ds, tpr=x, n_detectors=int(r["n_detectors"])))
+                           f"({'>=' if ok else '<'} {acc['m0_tpr_min']:g})" + (f"; {note}" if note else ""),
+                           dataset=ds, tpr=x, n_detectors=int(r["n_detectors"])))
     return out
 
 # %% ../nbs/35_acceptance.ipynb #a5d4d629
@@ -251,10 +264,11 @@ def check_attacks_reduce(scores, cfg: dict) -> list:
             if not tprs: empty.append(m); continue                            # every output invalid: nothing to compare
             best = min(tprs, key=lambda x: (tprs[x], x))
             d = tpr_contrast(c, (best, c["dets"]), ("m0", c["dets"]), acc["fpr_target"], level)
-            per[m] = {"condition": best, "tpr": d["a"], "m0_tpr": d["b"], "difference": d["difference"]}
+            per[m] = {"condition": best, "tpr": d["a"], "m0_tpr": d["b"], "difference": d["difference"], "left_out": d["left_out"]}
             if not _reduced(d["difference"], acc["significant"]): bad.append(m)
         ev = "; ".join(f"{method_name(m)} `{p['condition']}`: {_ci(p['tpr'])} vs M0 {_fmt(p['m0_tpr']['value'])}, "
-                       f"difference {_ci(p['difference'])}" for m, p in per.items())
+                       f"difference {_ci(p['difference'])}" + (f" ({left_out_note(p['left_out'])})" if p["left_out"] else "")
+                       for m, p in per.items())
         if bad: ev += f". Not reduced{' significantly' if acc['significant'] else ''}: " + ", ".join(method_name(m) for m in bad)
         if empty: ev += ". No valid scored output (left out): " + ", ".join(method_name(m) for m in empty)
         if not per:

@@ -23,11 +23,11 @@ from .metrics import calibration_humans, validity_note
 __all__ = ['ABBREV', 'PALETTE', 'HEATMAP_CMAP', 'IN_REWARD_COLOR', 'COLUMN_IN', 'PAGE_IN', 'MIN_PT', 'DPI', 'HEAT_CELL_IN',
            'SHIELD_KNOBS', 'ATTACK_COLORS', 'ATTACK_MARKERS', 'split_condition', 'format_setting', 'display_name',
            'sort_key', 'condition_key', 'short_label', 'add_setting_fields', 'select', 'results_frame', 'detectors',
-           'conditions', 'setting_field', 'metric_series', 'metric_grid', 'entries', 'calibration', 'ai_conditions',
-           'knob_series', 'sim_median', 'method_color', 'palette', 'figure_theme', 'themed', 'detector_colors',
-           'heatmap_data', 'heatmap_layout', 'text_color', 'plot_heatmap', 'in_reward_cells', 'pareto_front',
-           'tradeoff_data', 'place_labels', 'plot_tradeoff', 'budget_sweep_data', 'plot_budget_sweep', 'roc_curve',
-           'strongest_attack', 'roc_data', 'plot_roc', 'shield_data', 'plot_shield', 'apt_domain_data',
+           'conditions', 'setting_field', 'metric_series', 'metric_grid', 'entries', 'cell_failures', 'calibration',
+           'ai_conditions', 'knob_series', 'sim_median', 'method_color', 'palette', 'figure_theme', 'themed',
+           'detector_colors', 'heatmap_data', 'heatmap_layout', 'text_color', 'plot_heatmap', 'in_reward_cells',
+           'pareto_front', 'tradeoff_data', 'place_labels', 'plot_tradeoff', 'budget_sweep_data', 'plot_budget_sweep',
+           'roc_curve', 'strongest_attack', 'roc_data', 'plot_roc', 'shield_data', 'plot_shield', 'apt_domain_data',
            'plot_apt_domains', 'plot_beemo_edits', 'fpr_transfer_data', 'plot_fpr_transfer', 'human_attack_data',
            'attack_styles', 'plot_human_attack', 'detector_models', 'main_table', 'transfer_data', 'transfer_table',
            'sanitize_rows', 'sanitize_table', 'plot_sanitize', 'mark_non_ascii', 'spread_conditions', 'qual_examples',
@@ -157,6 +157,16 @@ def entries(r, ds: str) -> set:
     "The (detector, condition) pairs of dataset `ds` that have numbers (any metric; a failed detector's rows have none)."
     s = select(r[r["condition"].notna() & r["value"].notna()], dataset=ds)
     return set(zip(s["detector"], s["condition"]))
+
+def cell_failures(r, ds: str, defense: str = "none") -> dict:
+    """(detector, condition) -> why, for the conditions of dataset `ds` under `defense` where a detector with a calibration
+    is `failed` (no valid AI text there: `metrics.measured`); a detector failed everywhere (no calibration) is not listed."""
+    s = select(r[r["condition"].notna() & r["detector"].notna() & (r["detector"] != "mean")], dataset=ds, defense=defense, metric="tpr")
+    out = {}
+    for d, c, n, x in zip(s["detector"], s["condition"], s["n_human"], s["detail"]):
+        e = json.loads(x) if isinstance(x, str) else {}
+        if e.get("status") == "failed" and not pd.isna(n) and int(n) > 0: out[d, c] = e.get("reason", "")
+    return out
 
 # %% ../nbs/40_figures.ipynb #75e62d27
 def _at(s, *key) -> float:
@@ -912,7 +922,7 @@ def main_table(r, ds: str, defense: str = "none", skipped: dict | None = None, s
     g = {(m, col): metric_grid(r, ds, m, col, dets=dets + ["mean"], conds=list(cs.index))
          for m in ("auc", "tpr", "asr") for col in ("value", "ci_low", "ci_high")}
     n_ai, n_inv = (metric_grid(r, ds, "tpr", col, dets=dets, conds=list(cs.index)) for col in ("n_ai", "n_invalid"))
-    has = entries(r, ds)
+    has, gone = entries(r, ds), cell_failures(r, ds, defense)
     v = lambda m, d, c, col="value": _at(g[m, col], d, c)
     n = lambda x, d, c: None if pd.isna(x.at[d, c]) else int(x.at[d, c])
     head = ["Method"] + [f"{d} {k}" for d in dets for k in ("AUC", "TPR@1%FPR", "ASR")] + ["mean AUC", "mean TPR@1%FPR", "mean ASR"]
@@ -920,7 +930,7 @@ def main_table(r, ds: str, defense: str = "none", skipped: dict | None = None, s
     for c, lab in cs["short"].items():
         row = [lab]
         for d in dets:
-            if d in failed: row += ["failed"] * 3; continue
+            if d in failed or (d, c) in gone: row += ["failed"] * 3; continue
             row += [_fmt(v("auc", d, c)), _fmt(v("tpr", d, c)) + ("†" if d in (reward or {}).get(c, ()) and (d, c) in has else ""), _fmt(v("asr", d, c))]
             if (d, c) in has: notes.append(f"{lab} / {d}: AUC [{_fmt(v('auc', d, c, 'ci_low'))}, {_fmt(v('auc', d, c, 'ci_high'))}], "
                                            f"TPR [{_fmt(v('tpr', d, c, 'ci_low'))}, {_fmt(v('tpr', d, c, 'ci_high'))}], n_ai={n(n_ai, d, c)} (invalid {n(n_inv, d, c)})")
@@ -943,7 +953,10 @@ def main_table(r, ds: str, defense: str = "none", skipped: dict | None = None, s
     md += _skipped_note("Skipped", skipped) + _skipped_note("Skipped methods", skipped_methods)   # "Skipped": detectors
     md += ["", "Thresholds are calibrated on human texts only, at 1% FPR; a text is flagged when its AI-oriented score is "
            "at or above the threshold. ASR = share of the condition's AI texts below the threshold."
-           + (f" The mean is over the detectors with a calibration (not {', '.join(failed)})." if failed else ""), "",
+           + (f" The mean is over the detectors with a calibration (not {', '.join(failed)})." if failed else "")
+           + (" A detector with no valid AI text in a condition is **failed** there and left out of that condition's mean: "
+              + "; ".join(f"{cs['short'].get(c, c)} / {d}: {why}" for (d, c), why in gone.items() if c in cs.index) + "."
+              if any(c in cs.index for _, c in gone) else ""), "",
            "**Calibration.** " + "; ".join(lines) + ".", "", validity_note(r, ds, defense), "",
            "**95% bootstrap intervals** (stratified by class, threshold refitted in every resample):", ""]
     md += [f"- {x}" for x in notes]

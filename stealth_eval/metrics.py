@@ -18,14 +18,14 @@ from .core import md_tex, stable_hash, write_json
 __all__ = ['SHIELD_K', 'SHIELD_LAMBDA', 'WAUROC_TIES', 'YOUDEN_TIES', 'APT_CALIB_PREFIX', 'APT_FPR_VARIANT', 'BEEMO_EDIT_BINS',
            'BEEMO_CATEGORIES', 'LENGTH_BINS', 'TABLE_COLS', 'HIGHER_IS_BETTER', 'RESULT_FILES', 'threshold_at_fpr',
            'auroc_rows', 'tpr_rows', 'bootstrap_indices', 'detector_metrics', 'valid_set', 'invalid_reasons',
-           'human_draw', 'calibration_humans', 'calibration_sets', 'human_scores', 'condition_scores', 'common_view',
-           'compute_metrics', 'roc_counts_rows', 'wauroc_rows', 'youden_rows', 'sfd', 'urss', 'shield_choices',
-           'compute_shield', 'tau_rows', 'fit_youden_threshold', 'tau_cv', 'compute_tau', 'tau_table2', 'polish_level',
-           'threshold_max_accuracy', 'accuracy_rows', 'compute_apt', 'beemo_version', 'edit_range_labels', 'edit_range',
-           'beemo_edit_facts', 'compute_beemo', 'bin_labels', 'length_bin', 'masked_rate_rows', 'compute_deployment',
-           'compute_human_attacks', 'metrics_long', 'metrics_json_from_table', 'sample_counts', 'results_info',
-           'output_polishers', 'run_metrics_stage', 'metrics_table', 'detector_validity', 'validity_note',
-           'extra_tables']
+           'human_draw', 'calibration_humans', 'calibration_sets', 'measured', 'left_out_note', 'human_scores',
+           'condition_scores', 'common_view', 'compute_metrics', 'roc_counts_rows', 'wauroc_rows', 'youden_rows', 'sfd',
+           'urss', 'shield_choices', 'compute_shield', 'tau_rows', 'fit_youden_threshold', 'tau_cv', 'compute_tau',
+           'tau_table2', 'polish_level', 'threshold_max_accuracy', 'accuracy_rows', 'compute_apt', 'beemo_version',
+           'edit_range_labels', 'edit_range', 'beemo_edit_facts', 'compute_beemo', 'bin_labels', 'length_bin',
+           'masked_rate_rows', 'compute_deployment', 'compute_human_attacks', 'metrics_long', 'metrics_json_from_table',
+           'sample_counts', 'results_info', 'output_polishers', 'run_metrics_stage', 'metrics_table',
+           'detector_validity', 'validity_note', 'extra_tables']
 
 # %% ../nbs/30_calibration_metrics.ipynb #57c2c967
 def threshold_at_fpr(h, alpha: float):
@@ -167,7 +167,33 @@ def calibration_sets(scores, cfg: dict):
                 c["groups"].setdefault(u, []).append(cond)
             c["idx"] = {u: _resample(len(u), B, seed, ds, defense, "ai", stable_hash(list(u))) for u in c["groups"]}
             c["ai_pivot"] = {det: _pivot(ai[ai["detector_name"] == det], "sample_id", "condition") if len(ai) else None for det in dets}
+            c["no_ai"] = {cond: {d: why for d in c["calibrated"] if (why := _why_no_ai(c, d, cond))} for cs in c["groups"].values() for cond in cs}
             yield c
+
+def _why_no_ai(c: dict, det: str, cond: str) -> str | None:
+    "Why calibrated `det` has no number in AI condition `cond` of calibration set `c` (no valid score on any of its texts); None: it has."
+    A = c["ai_pivot"][det]
+    if A is not None and cond in A.columns and A[cond].notna().any(): return None
+    rows = c["ai"][(c["ai"]["detector_name"] == det) & (c["ai"]["condition"] == cond)]
+    if not len(rows): return f"no AI text of {cond} scored"
+    return f"no valid score on any of its {len(rows)} AI texts of {cond}: {invalid_reasons(rows)}"
+
+def measured(c: dict, conds, dets=None) -> tuple:
+    """(the detectors of `dets` (default: all of calibration set `c`'s) with numbers for every AI condition of `conds`: a
+    calibration and a valid score on an AI text of each; {each one left out: why}). What a mean, a comparison or a verdict
+    over detectors is taken over: never null because one member has no number."""
+    left = {}
+    for d in c["dets"] if dets is None else dets:
+        if d not in c["human"]: left[d] = "no calibration: " + c["failed"].get(d, "no human text valid for every detector compared")
+        elif (why := next((c["no_ai"][x][d] for x in conds if d in c["no_ai"].get(x, {})), None)): left[d] = why
+    return [d for d in (c["dets"] if dets is None else dets) if d not in left], left
+
+def left_out_note(left: dict) -> str:
+    "The note of a mean or comparison that leaves detectors out (`measured`): 'without d3 (no calibration: see its reason)'; '' when none is."
+    calib = [d for d, why in left.items() if why.startswith("no calibration")]
+    no_ai = [d for d in left if d not in calib]
+    parts = [f"{', '.join(ds)} ({kind}: see its reason)" for ds, kind in ((calib, "no calibration"), (no_ai, "no valid AI text here")) if ds]
+    return "without " + "; ".join(parts) if parts else ""
 
 # %% ../nbs/30_calibration_metrics.ipynb #c056061a
 def human_scores(c: dict, det: str) -> tuple:
@@ -241,9 +267,11 @@ def compute_metrics(scores, cfg: dict) -> tuple:
                 to, to_b = res[orig]["tpr"] if orig in res else nan2
                 for u, cs in groups.items():
                     for cc in cs:
-                        a = A[cc].dropna().to_numpy(np.float64)
+                        a = A[cc].dropna().to_numpy(np.float64) if A is not None and cc in A.columns else np.empty(0)
+                        why = c["no_ai"][cc].get(det)     # calibrated, but no valid AI text here: failed in this condition
                         m = metrics[ds][det].setdefault(cc, {"label": "ai", "defense": defense, "n_human": int(len(h)),
-                                                             "n_ai": int(len(a)), "n_ai_invalid": int(len(u) - len(a)), **failed})
+                                                             "n_ai": int(len(a)), "n_ai_invalid": int(len(u) - len(a)),
+                                                             **(failed or ({"status": "failed", "reason": why} if why else {}))})
                         if j == 0: m.update(_summarise("auc", *res[cc]["auc"], level))
                         tp, tp_b = res[cc]["tpr"]
                         m.update({f"threshold{k}": float(t), f"fpr{k}_human": res["_fpr_human"]})
@@ -251,7 +279,7 @@ def compute_metrics(scores, cfg: dict) -> tuple:
                         m.update(_summarise(f"tpr{k}_orig", to, to_b, level))
                         m.update(_summarise("asr" if k == "1" else f"asr{k}", 1 - tp, 1 - tp_b, level))
                         m.update(_summarise(f"delta_tpr{k}", tp - to, tp_b - to_b, level))
-                        if j == 0 and ok: per_det.setdefault(cc, []).append((res[cc]["auc"], res[cc]["tpr"]))
+                        if j == 0 and ok and not why: per_det.setdefault(cc, []).append((res[cc]["auc"], res[cc]["tpr"]))
                 for hc in (x for x in hconds if x in Hx):   # share of edited human texts flagged at the pure-human threshold
                     x = Hx[hc].dropna().to_numpy(np.float64)
                     ix = _resample(len(x), B, seed, ds, defense, "human-edited", hc)
@@ -261,13 +289,14 @@ def compute_metrics(scores, cfg: dict) -> tuple:
                     fr = tpr_rows(x, [t])[0] if len(x) and ok else np.nan
                     fr_b = tpr_rows(x[ix], tb) if len(x) and ok else np.full(B, np.nan)
                     m.update({f"threshold{k}": float(t)}); m.update(_summarise(f"flag_rate{k}", fr, fr_b, level))
-        k0, left = _fpr_key(cfg["fpr_targets"][0]), sorted(c["failed"])
+        k0 = _fpr_key(cfg["fpr_targets"][0])
         mean = metrics[ds].setdefault("mean", {}) if c["calibrated"] else {}
-        for cc, items in per_det.items():   # over the detectors with a calibration, each on its own texts (`valid_set`)
+        for cc in (x for cs in groups.values() for x in cs) if c["calibrated"] else ():
+            # over the detectors with numbers here (`measured`), each on its own texts (`valid_set`); none: no number
+            items, note = per_det.get(cc) or [(nan2, nan2)], left_out_note(measured(c, [cc])[1])
             auc_p = np.mean([a[0] for a, _ in items]); auc_b = np.mean([a[1] for a, _ in items], axis=0)
             tp_p = np.mean([t[0] for _, t in items]); tp_b = np.mean([t[1] for _, t in items], axis=0)
-            mean[cc] = {"label": "ai", "defense": defense, "n_detectors": len(items),
-                        **({"note": f"without {', '.join(left)} (no calibration: see its reason)"} if left else {}),
+            mean[cc] = {"label": "ai", "defense": defense, "n_detectors": len(per_det.get(cc, [])), **({"note": note} if note else {}),
                         **_summarise("auc", auc_p, auc_b, level),
                         **_summarise(f"tpr{k0}", tp_p, tp_b, level), **_summarise("asr" if k0 == "1" else f"asr{k0}", 1 - tp_p, 1 - tp_b, level)}
     return metrics, thresholds
@@ -549,9 +578,11 @@ def compute_tau(scores, cfg: dict, groups: dict | None = None) -> dict:
                     "youden_tpr": float(x["r"]), "tau_two_sided": x["two"], "tau_cv": x["cv"], "risk_cv": 0.5 * (1 - x["cv"]), "cv_folds": x["folds"]}
         # the panel: max over detectors, with the interval of the max, on the texts valid for every detector compared
         # (the same human and AI texts and resamples for each; where they are each detector's own, its numbers above)
-        v = common_view(c, c["calibrated"])
-        dets = v["calibrated"]
+        views = {}
         for cond in cond_ids:
+            kept, left = measured(c, [cond])                  # a detector with no number here is left out, and named
+            v = views[tuple(kept)] = views.get(tuple(kept)) or common_view(c, kept)
+            dets = v["calibrated"]
             per = {}
             for det in dets:
                 h, hid, ih = human_scores(v, det)
@@ -569,6 +600,7 @@ def compute_tau(scores, cfg: dict, groups: dict | None = None) -> dict:
                 "defense": defense, "over": "detectors", "n_detectors": len(dets),
                 "n_human": int(len(human_scores(v, dets[0])[0])) if dets else 0, "n_ai": int(v["ai_common"][cond].sum()),
                 "texts": "valid for every detector compared" if best else "no text is valid for every detector compared: no max",
+                **({"note": left_out_note(left)} if left else {}),
                 "detector": best, **_summarise("tau", mx, mx_b, level),
                 "tau_two_sided": max((per[x]["two"] for x in dets), default=float("nan")),
                 "tau_cv": max(cv.values()) if cv else float("nan"), "detector_cv": max(cv, key=cv.get) if cv else None}

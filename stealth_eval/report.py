@@ -154,8 +154,13 @@ def headline(out: Path) -> str:
         for c, v in sorted(dd.get("mean", {}).items(), key=lambda kv: (kv[1]["defense"] != "none", kv[0])):
             f3 = lambda x: "–" if x is None else f"{x:.3f}"   # None: undefined on a tiny sample (e.g. no CI)
             lines.append(f"  {c:34s} TPR {f3(v['tpr1'])} [{f3(v['tpr1_ci_low'])}, {f3(v['tpr1_ci_high'])}]  AUROC {f3(v['auc'])}")
-        failed = {d: e["reason"] for d, cc in dd.items() if d != "mean" for e in cc.values() if e.get("status") == "failed"}
+        gone = [(d, c, e) for d, cc in dd.items() if d != "mean" for c, e in cc.items() if e.get("status") == "failed"]
+        failed = {d: e["reason"] for d, c, e in gone if not e.get("n_human")}   # no calibration: failed everywhere
         for d, why in failed.items(): lines.append(f"  failed (no metrics, left out of the mean): {d}: {why}")
+        here: dict = {}                                                         # calibrated, no valid AI text in `c`
+        for d, c, e in gone:
+            if d not in failed: here.setdefault((c, e["reason"]), []).append(d)
+        for (c, why), ds_ in here.items(): lines.append(f"  failed in {c} (left out of its mean): {', '.join(ds_)}: {why}")
     lines.append(f"artifacts: {out}/ (tables/, figures/, metrics.json, scores.parquet, quality.parquet, qual_examples.md; "
                  f"executed notebooks in notebooks/)")
     return "\n".join(lines)

@@ -104,3 +104,30 @@ def test_raid_detector_runs_under_raids_own_run_detection(tmp_path):
     rec = raid.run_detection(raid_detector(f"scores:{f}", cache_dir=tmp_path / "store"), df)
     assert [r["id"] for r in rec] == ["u1", "u2", "u3"]
     assert [r["score"] for r in rec[:2]] == [-0.5, -4.0] and rec[2]["score"] != rec[2]["score"]   # None -> NaN in RAID's frame
+
+
+def test_a_detector_with_only_human_scores_is_failed_where_it_has_no_ai_text_and_left_out_of_the_mean(warm_store, tiny_run, tmp_path):
+    """Three scores files, one of which scores only the human texts (an API given up after them): the run finishes, that
+    detector keeps its threshold (human texts only) and is `failed` in each AI condition with its reason, and the mean,
+    criterion 2a and the headline are over the two detectors with numbers, naming the third (#50.1: the mean was null)."""
+    data = [json.loads(l) for l in (tiny_run["out"] / "data" / "lee_news.jsonl").read_text().splitlines() if l.strip()]
+    files = []
+    for name, labels, step in (("a", ("human", "ai"), 1e-3), ("b", ("human", "ai"), 2e-3), ("c", ("human",), 1e-3)):
+        rows = [{"id": r["id"], "score": (1.0 if r["label"] == "ai" else 0.0) + k * step, "direction": 1}
+                for k, r in enumerate(data) if r["label"] in labels]
+        files.append(tmp_path / f"{name}.jsonl"); files[-1].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "run"
+    p = run_cli("--profile", "tiny", "--methods", "m0", "--detectors", *[f"scores:{f}" for f in files], "--offline",
+                "--out_dir", out, "--cache_dir", warm_store)
+    m = json.loads((out / "metrics.json").read_text())["lee_news"]
+    n_ai = sum(r["label"] == "ai" for r in data)
+    why = f"no valid score on any of its {n_ai} AI texts of m0: not in the scores file ({n_ai})"
+    assert (m["scores:c"]["m0"]["status"], m["scores:c"]["m0"]["reason"], m["scores:c"]["m0"]["auc"]) == ("failed", why, None)
+    assert json.loads((out / "thresholds.json").read_text())["lee_news"]["scores:c"]["none"]["fpr=0.01"]["threshold"] is not None
+    mean = m["mean"]["m0"]
+    assert (mean["n_detectors"], mean["tpr1"], mean["auc"]) == (2, 1.0, 1.0)
+    assert mean["note"] == "without scores:c (no valid AI text here: see its reason)"
+    (v,) = [x for x in json.loads((out / "acceptance.json").read_text())["criteria"] if x["id"] == "2a"]
+    assert v["verdict"] == "pass" and "over 2 detectors" in v["evidence"] and "without scores:c" in v["evidence"], v
+    assert f"failed in m0 (left out of its mean): scores:c: {why}" in p.stdout
+    assert f"M0 / scores:c: {why}" in (out / "tables" / "table_main_lee_news.md").read_text()
