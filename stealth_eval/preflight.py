@@ -30,8 +30,8 @@ __all__ = ['DEVICE_PEAKS', 'IMPORT_GRACE_S', 'IMPORT_WAIT_MAX_S', 'PREFLIGHT_RUN
            'seq2seq_parts', 'encoder_seconds', 'measure_path', 'profile_steps', 'measure_paths', 'run_notebooks',
            'measured_rates', 'predict_paper', 'prediction_at_measured_rates', 'preflight_prediction', 'preflight',
            'preflight_report', 'source_imports', 'notebook_imports', 'required_distributions', 'device_distributions',
-           'check_wheels', 'device_image_site', 'import_check', 'tree_bytes', 'build_wheels', 'preflight_main',
-           'wheels_main']
+           'check_wheels', 'device_image_site', 'import_check', 'tree_bytes', 'build_wheels', 'parse_budgets',
+           'preflight_main', 'wheels_main']
 
 # %% ../nbs/09_preflight.ipynb #a6c71d72
 DEVICE_PEAKS = {   # data-sheet figures: dense bf16 tensor-core TFLOP/s (no sparsity), float32 TFLOP/s (no TF32), memory TB/s
@@ -1169,6 +1169,19 @@ def build_wheels(dest=".whl", root=None) -> dict:
     return {"wheels": len(got), "mib": round(mib, 1), "tree_mib": round(tree, 1)}
 
 # %% ../nbs/09_preflight.ipynb #657b21ed
+def parse_budgets(items: list) -> dict:
+    """{step: seconds} of `--budget STEP=SECONDS ...`. A budget is a positive finite number of seconds: 0 or a negative
+    number would mean no limit at all (`time_budget`), NaN or infinity a timer that cannot be set; each is one line."""
+    out = {}
+    for b in items:
+        step, eq, v = b.partition("=")
+        try: s = float(v) if eq else None
+        except ValueError: s = None
+        if s is None: raise StealthEvalError(f"--budget takes STEP=SECONDS, got {b!r}")
+        if not 0 < s < float("inf"): raise StealthEvalError(f"--budget {b}: a step's budget is a positive finite number of seconds")
+        out[step] = s
+    return out
+
 def preflight_main(argv) -> int:
     "`stealth-eval preflight [--out_dir D] [--device D] [--scale S] [--short] [--budget STEP=S ...] [--skip STEP ...]`: 0 if every step run passed."
     import argparse
@@ -1183,11 +1196,7 @@ def preflight_main(argv) -> int:
     ap.add_argument("--skip", nargs="+", default=[], choices=SKIPPABLE, metavar="STEP",
                     help=f"steps not to run ({', '.join(SKIPPABLE)}): a device call too short for all five runs them in two")
     a = ap.parse_args(argv)
-    try:
-        budgets = {k: float(v) for k, v in (b.split("=", 1) for b in a.budget)}
-    except ValueError:
-        print(f"stealth-eval preflight: error: --budget takes STEP=SECONDS, got {a.budget}", file=sys.stderr); return 2
-    try: rep = preflight(a.out_dir, a.device, a.scale, a.short, budgets, a.skip)
+    try: rep = preflight(a.out_dir, a.device, a.scale, a.short, parse_budgets(a.budget), a.skip)
     except StealthEvalError as e:
         print(f"stealth-eval preflight: error: {e}", file=sys.stderr); return 2
     print((Path(a.out_dir) / "preflight.md").read_text(encoding="utf-8").split("\n## Environment")[0])

@@ -25,11 +25,12 @@ from .core import (LockHeld, StealthEvalError, few, file_lock, file_sha256, get_
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_INTERNAL', 'EXIT_USER', 'EXIT_INTERRUPTED', 'EXIT_TERMINATED', 'OFFLINE_ENV', 'DATASET_SUFFIXES',
            'PREVIOUS_RUN', 'RUN_LOCK', 'RUN_FOLDERS', 'RUN_TOP_FILES', 'STAGE_TAG', 'NOTEBOOK_SAVE_S',
-           'INTERRUPT_GRACE_S', 'build_parser', 'check_offline', 'check_device', 'RunInterrupted', 'StageFailed',
-           'check_dataset_args', 'usable_dir', 'cli_path', 'kernel_problem', 'run_files', 'is_run_output',
-           'previous_run', 'check_user_files', 'set_aside_previous_run', 'run_lock', 'stage_notebook', 'InterruptGuard',
-           'interrupt_guard', 'user_error_names', 'stage_engine', 'RunLog', 'run_pipeline', 'readme_from_index',
-           'report_main', 'docs_main', 'cache_report', 'cache_main', 'raid_detector', 'main']
+           'INTERRUPT_GRACE_S', 'build_parser', 'check_offline', 'raid_synonym_missing', 'check_device',
+           'RunInterrupted', 'StageFailed', 'check_dataset_args', 'usable_dir', 'cli_path', 'kernel_problem',
+           'run_files', 'is_run_output', 'previous_run', 'check_user_files', 'set_aside_previous_run', 'run_lock',
+           'stage_notebook', 'InterruptGuard', 'interrupt_guard', 'user_error_names', 'stage_engine', 'RunLog',
+           'run_pipeline', 'readme_from_index', 'report_main', 'docs_main', 'cache_report', 'cache_main',
+           'raid_detector', 'main']
 
 # %% ../nbs/90_run.ipynb #8de8dc29
 EXIT_OK, EXIT_INTERNAL, EXIT_USER, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143   # ok, bug, user error, SIGINT, SIGTERM
@@ -90,6 +91,31 @@ def check_offline(cfg: dict):
         raise StealthEvalError("--offline: these models are neither embedded, local folders, nor in the hub cache: "
                                + ", ".join(f"{k}={v!r}" for k, v in missing.items())
                                + " (use --profile embedded, or --set KEY=/path/to/local/model)")
+    if why := raid_synonym_missing(cfg):   # listed, so asked for (it is no default): refused now, not skipped in 10_methods
+        raise StealthEvalError("--offline: raid.attacks lists synonym, which cannot run here: " + "; ".join(why)
+                               + " (give each a local copy, or leave synonym out of raid.attacks)")
+
+def raid_synonym_missing(cfg: dict) -> list:
+    """What RAID's synonym attack (13_raid's `synonym_components`) lacks on this machine without the network, each piece
+    named by its setting; [] when the run does not ask for it. Checked without loading a model."""
+    import importlib.util, re
+    from stealth_eval.models import available_offline
+    rc = cfg["raid"]
+    if "raid" not in cfg["methods"] or "synonym" not in rc["attacks"]: return []
+    why = [] if available_offline(rc["synonym_mlm"]) else [f"raid.synonym_mlm={rc['synonym_mlm']!r} is neither a local folder nor in the hub cache"]
+    if not Path(rc["synonym_vectors"]).expanduser().is_file(): why.append(f"raid.synonym_vectors={rc['synonym_vectors']!r} is no file")
+    if importlib.util.find_spec("fasttext") is None: why.append("the fasttext package is not installed")
+    try:
+        import nltk
+        lacks = []
+        for probe in (lambda: nltk.pos_tag(["a"]), lambda: nltk.corpus.stopwords.words("english")):
+            try: probe()
+            except LookupError as e:   # "Resource 'stopwords' not found." (coloured by some versions)
+                m = re.search(r"Resource\W+([\w./-]+)", re.sub(r"\x1b\[[0-9;]*m", "", str(e)))
+                lacks.append(m.group(1) if m else "a resource")
+        if lacks: why.append(f"NLTK's data lacks {', '.join(lacks)} (python -m nltk.downloader {' '.join(lacks)})")
+    except ImportError: why.append("NLTK is not installed")
+    return why
 
 DATASET_SUFFIXES = (".jsonl", ".csv", ".parquet")
 

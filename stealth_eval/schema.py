@@ -17,10 +17,11 @@ from pathlib import Path
 from .core import StealthEvalError
 
 # %% auto #0
-__all__ = ['MIN_WINDOW', 'MAX_BOOTSTRAP', 'REHEARSAL_KEYS', 'RUNNER_KEYS', 'DEVICE_PROFILES', 'DEVICE_KEYS', 'setting', 'kind_of',
-           'type_name', 'accepts', 'SettingsError', 'check_value', 'Section', 'section', 'Data', 'Watermark',
-           'ClassifierOffline', 'GhostbusterLocal', 'Validity', 'Perturbation', 'Lastde', 'Shield', 'Polish', 'Raid',
-           'Dipper', 'Recursive', 'Acceptance', 'Engine', 'url_problem', 'Api', 'Settings', 'settings_rows']
+__all__ = ['MIN_WINDOW', 'MAX_WAIT_S', 'MAX_ATTEMPTS', 'MAX_BOOTSTRAP', 'REHEARSAL_KEYS', 'RUNNER_KEYS', 'DEVICE_PROFILES',
+           'DEVICE_KEYS', 'setting', 'kind_of', 'type_name', 'accepts', 'SettingsError', 'check_value', 'Section',
+           'section', 'Data', 'Watermark', 'ClassifierOffline', 'GhostbusterLocal', 'Validity', 'Perturbation',
+           'Lastde', 'Shield', 'Polish', 'Raid', 'Dipper', 'Recursive', 'Acceptance', 'Engine', 'url_problem', 'Api',
+           'Settings', 'settings_rows']
 
 # %% ../nbs/03_schema.ipynb #c1d89573
 def setting(default, doc: str = "", check: str | None = None, choices: str | None = None, allowed: str = "",
@@ -336,7 +337,8 @@ class Raid(Section):
     "RAID's adversarial attacks (13_raid), one setting each, at RAID's rates (its paraphrase attack is the dipper method)."
     attacks: list[str] = setting(["whitespace", "zero_width_space", "homoglyph", "upper_lower", "article_deletion", "number",
                                   "insert_paragraphs", "alternative_spelling", "misspelling"],
-                                 "attacks run (default: all that run offline; synonym needs BERT, fastText and NLTK's tagger data)",
+                                 "attacks run (default: all that run offline; synonym needs BERT, fastText and NLTK's tagger data: "
+                                 "with --offline, a missing piece is refused before the run)",
                                  choices=_RAID_ATTACKS, allowed=_RAID_ATTACKS.replace("|", ", "), nonempty=True)
     whitespace_rate: float = setting(0.2, "extra spaces = int(rate x space-separated words) (RAID: 0.2)", "unit")
     zero_width_space_rate: float = setting(1.0, "zero-width spaces = int(rate x characters) (RAID: 1.0)", "unit")
@@ -440,15 +442,25 @@ def url_problem(url: str) -> str:
     return ""
 
 # %% ../nbs/03_schema.ipynb #cf5105ea
+# the client's waits and tries are bounded: a socket timeout or a sleep of 1e12 s overflows the platform's time_t
+# (OverflowError inside the scoring stage), and a million tries of one text would be a provider that is down
+MAX_WAIT_S, MAX_ATTEMPTS = 3600, 20
+_WAIT_WHY = "an hour: a provider silent that long is given up, not waited for"
+
 @section("api")
 class Api(Section):
     "Commercial API detectors (23_api_detectors): one bounded client policy per provider, spend limits, endpoints; keys only from environment variables."
-    timeout_s: float = setting(30.0, "one request's limit in seconds (connect, send, each read; never past the text's budget); a timeout is retried like a 5xx", "positive")
-    max_attempts: int = setting(5, "tries per text, the first included, on 429, 5xx, timeouts and connection errors", "count")
-    backoff_s: float = setting(1.0, "first exponential backoff wait in seconds when no Retry-After is given", "positive")
-    backoff_max_s: float = setting(60.0, "longest backoff wait in seconds", "positive")
+    timeout_s: float = setting(30.0, f"one request's limit in seconds (connect, send, each read; never past the text's budget); a timeout "
+                               f"is retried like a 5xx; at most {MAX_WAIT_S}", "positive", at_most=(MAX_WAIT_S, _WAIT_WHY))
+    max_attempts: int = setting(5, f"tries per text, the first included, on 429, 5xx, timeouts and connection errors; at most {MAX_ATTEMPTS}",
+                                "count", at_most=(MAX_ATTEMPTS, "tries of one text; a provider that fails that often is down, which "
+                                                  "api.breaker_failures and api.deadline_s handle"))
+    backoff_s: float = setting(1.0, f"first exponential backoff wait in seconds when no Retry-After is given; at most {MAX_WAIT_S}",
+                               "positive", at_most=(MAX_WAIT_S, _WAIT_WHY))
+    backoff_max_s: float = setting(60.0, f"longest backoff wait in seconds; at most {MAX_WAIT_S}", "positive", at_most=(MAX_WAIT_S, _WAIT_WHY))
     retry_after_max_s: float = setting(60.0, "longest Retry-After honoured, in seconds: a provider that asks for a longer wait gets no "
-                                       "further request in the stage (its remaining texts are marked with the reason)")
+                                       f"further request in the stage (its remaining texts are marked with the reason); at most {MAX_WAIT_S}",
+                                       at_most=(MAX_WAIT_S, _WAIT_WHY))
     text_budget_s: float = setting(120.0, "most seconds one text may take, every attempt and wait included; then it is marked", "positive")
     breaker_failures: int = setting(5, "circuit breaker: after this many consecutive texts of one provider without a score, its "
                                     "remaining texts are marked with the reason, without a request", "count")

@@ -172,7 +172,7 @@ def parse_score_file(data: bytes,                          # the file's bytes, a
         except ValueError as e: raise StealthEvalError(f"{path}: direction {_shown(declared)}: {e}") from None
     if declared is None and default_direction is None and rows and "direction" not in cols:
         raise StealthEvalError(f"{path}: no direction declared: add a 'direction' column (+1: higher = more AI, -1: higher = more human)")
-    out, seen_sha, seen_id, last = [], {}, {}, None
+    out, seen_sha, seen_id, bare, last = [], {}, {}, {}, None
     for name, r in zip(names, rows):
         if getattr(r, "repeated", None): raise _row_error(path, name, f"key {r.repeated!r} occurs twice in one object")
         if "direction" in r and (type(r["direction"]), r["direction"]) != last:     # a new direction as written: checked
@@ -202,6 +202,10 @@ def parse_score_file(data: bytes,                          # the file's bytes, a
             if (ds, id_) in seen_id:
                 raise _row_error(path, name, f"id {id_!r}{f' of dataset {ds!r}' if ds else ''} is given twice (first in {seen_id[ds, id_]})")
             seen_id[ds, id_] = name
+            first = bare.setdefault((ds, id_.strip()), (name, id_))     # ' h0' and 'h0': at most one names a text
+            if first[1] != id_:
+                raise _row_error(path, name, f"id {id_!r} differs from {first[0]}'s id {first[1]!r} only by white space around it; "
+                                 "an id is matched as written: give each text's id once, as its dataset writes it")
         out.append((name, sha, id_, ds, score))
     if declared is not None and default_direction is not None and declared != default_direction:
         raise StealthEvalError(f"{path}: {where} is {declared:+d}, but a RAID predictions file is higher = more machine ({default_direction:+d})")
@@ -273,7 +277,7 @@ def check_datasets(content: dict, datasets, path) -> None:
 def text_scores(content: dict, ids: dict, path) -> tuple:
     "({text sha256: score}, rows unused) of a parsed scores file over the run's texts (`run_ids`); what names no one text is refused."
     check_datasets(content, list(ids), path)
-    by_sha, by_row, unused = {}, {}, 0
+    by_sha, by_row, unused, bare = {}, {}, 0, None
     for row, sha, id_, ds, score in content["rows"]:
         named = {}
         if id_ is not None:
@@ -287,6 +291,11 @@ def text_scores(content: dict, ids: dict, path) -> tuple:
             raise _row_error(path, row, f"id {id_!r} (dataset {named[target][0]}) is a text whose SHA-256 is {target[:16]}..., "
                       f"not the row's text_sha256 {sha[:16]}...")
         target = sha or target
+        if target is None and id_ is not None:   # an id is matched as written: one that names a text only without its white space is a slip
+            if bare is None: bare = {n: {k.strip(): k for k in v} for n, v in ids.items()}   # built once, for the first such row
+            near = next(((n, bare[n][id_.strip()]) for n in ([ds] if ds is not None else ids) if id_.strip() in bare[n]), None)
+            if near: raise _row_error(path, row, f"id {id_!r} names no text of this run, but id {near[1]!r} (dataset {near[0]}) differs "
+                                      "from it only by white space around it; an id is matched as written")
         if target is None: unused += 1; continue
         if score is None: continue                                        # RAID: a text the detector did not score
         if target in by_sha and by_sha[target] != score:

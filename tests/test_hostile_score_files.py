@@ -307,3 +307,54 @@ def test_benchmark_readers_refuse_a_repeated_column_nan_and_ids_that_collide(tmp
         _read_json_rows(j, ("idx", "sentence", "label"))
     with pytest.raises(StealthEvalError, match=r"polished\.csv: non-integer value\(s\) '007' in column 'id'"):
         _apt_ids(c, [{"id": "7"}, {"id": "007"}])
+
+
+# 6. issue #50, item 5: ids a strict reader refuses
+
+def test_ids_that_differ_only_by_white_space_around_them_are_refused_before_the_run(tmp_path):
+    """Before: ' h0' and 'h0' were two ids; the run scored 'h0' with the second row's 0.6 and left the first row unused
+    (an id is matched as written). Now the command line refuses the file in one line naming the rows, before any stage."""
+    from conftest import one_error_line, run_cli
+    a = _dataset(tmp_path / "a.jsonl", {"h0": "alpha " + W, "a0": "beta " + W})
+    f = tmp_path / "ext.csv"
+    f.write_text("id,score,direction\n h0,0.5,1\nh0,0.6,1\n")
+    line = one_error_line(run_cli("--profile", "tiny", "--datasets", a, "--methods", "m0", "--detectors", f"scores:{f}",
+                                  "--out_dir", tmp_path / "run", check=False, timeout=300))
+    assert line.endswith(f"{f}: row 2: id 'h0' differs from row 1's id ' h0' only by white space around it; "
+                         "an id is matched as written: give each text's id once, as its dataset writes it"), line
+    assert not (tmp_path / "run" / "config.json").exists()
+
+
+@pytest.mark.parametrize("file_id, run_id", [(" h0", "h0"), ("h0\t", "h0"), ("h0", " h0")])
+def test_an_id_that_names_a_text_only_without_white_space_is_refused_after_the_data_stage(file_id, run_id, tmp_path, monkeypatch):
+    "Before: the row named no text of the run and was left unused (an info line in run.log); the text had no score."
+    a = _dataset(tmp_path / "a.jsonl", {run_id: "alpha " + W, "a0": "beta " + W})
+    f = tmp_path / "ext.json"
+    f.write_text(json.dumps([{"id": file_id, "score": 0.5, "direction": 1}, {"id": "a0", "score": 0.7, "direction": 1}]))
+    with pytest.raises(StealthEvalError) as e:
+        _run(tmp_path, monkeypatch, [a], [f"scores:{f}"])
+    assert str(e.value) == (f"{f}: item 1: id {file_id!r} names no text of this run, but id {run_id!r} (dataset a) differs from it "
+                            "only by white space around it; an id is matched as written"), str(e.value)
+
+
+def test_an_id_with_white_space_that_the_dataset_writes_so_is_matched(tmp_path, monkeypatch):
+    "An id is matched as written: a dataset's ' h0' is named by ' h0'; a row naming no text at all stays unused."
+    a = _dataset(tmp_path / "a.jsonl", {" h0": "alpha " + W, "a0": "beta " + W})
+    f = tmp_path / "ext.csv"
+    f.write_text("id,score,direction\n h0,0.5,1\nzz,0.1,1\n")
+    got = {}
+    _run(tmp_path, monkeypatch, [a], [f"scores:{f}"], hooks={"20_detectors": lambda cfg: got.update(_scores(cfg))})
+    assert got == {"alpha " + W: 0.5, "beta " + W: None}
+
+
+def test_a_list_valued_parquet_id_is_refused_in_one_line(tmp_path):
+    """A Parquet `id` column of lists: the row is refused (never the string "['h0']"), before any stage. (This held
+    before issue #50 for scores files; the string "['h0']" came from a dataset file, 00_data's reader.)"""
+    from conftest import one_error_line, run_cli
+    a = _dataset(tmp_path / "a.jsonl", {"h0": "alpha " + W, "a0": "beta " + W})
+    f = tmp_path / "ext.parquet"
+    _parquet(f, {"id": [["h0"], ["a0"]], "score": [0.5, 0.7], "direction": [1, 1]})
+    line = one_error_line(run_cli("--profile", "tiny", "--datasets", a, "--methods", "m0", "--detectors", f"scores:{f}",
+                                  "--out_dir", tmp_path / "run", check=False, timeout=300))
+    assert line.endswith(f"{f}: row 1: id [\"h0\"] is not a string or an integer (an id is written as one)"), line
+    assert not (tmp_path / "run" / "config.json").exists()

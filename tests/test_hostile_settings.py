@@ -201,3 +201,77 @@ def test_a_component_named_twice_is_refused_before_any_stage(tmp_path, flag, nam
     line = one_error_line(run_cli("--profile", "tiny", flag, *names, "--out_dir", tmp_path / "run", check=False))
     assert says in line, line
     assert not (tmp_path / "run").exists()
+
+
+# ---- issue #50, item 5: refused before the run, in one line (each CLI call takes about a second) --------------------
+
+def test_the_synonym_attack_offline_without_its_pieces_is_refused_before_any_stage(tmp_path):
+    """Before: `--offline` with `raid.attacks=["synonym"]` and its masked LM neither local nor cached started the run, and
+    10_methods skipped the attack. Now one line names each setting and what it lacks, before the run folder is made."""
+    vec = tmp_path / "cc.en.300.bin"
+    p = run_cli("--profile", "tiny", "--offline", "--methods", "m0", "raid", "--set", 'raid.attacks=["synonym"]',
+                "raid.synonym_mlm=no-such-org/no-such-mlm", f"raid.synonym_vectors={vec}", "--out_dir", tmp_path / "run",
+                check=False, timeout=300)
+    line = one_error_line(p)
+    assert line.startswith("stealth-eval: error: --offline: raid.attacks lists synonym, which cannot run here: "
+                           "raid.synonym_mlm='no-such-org/no-such-mlm' is neither a local folder nor in the hub cache; "
+                           f"raid.synonym_vectors='{vec}' is no file"), line
+    assert line.endswith("(give each a local copy, or leave synonym out of raid.attacks)"), line
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_synonym_check_names_only_what_is_missing(tmp_path):
+    """Listed beside other attacks, synonym is refused the same way (it is never a default: listing it asks for it); a
+    local model folder and a vectors file that exists are not named; without raid, or without synonym, nothing is checked."""
+    import importlib.util
+    from stealth_eval.run import check_offline
+    (tmp_path / "mlm").mkdir(); (tmp_path / "v.bin").write_bytes(b"")
+    ov = {"raid.attacks": ["whitespace", "synonym"], "raid.synonym_mlm": "no-such-org/no-such-mlm", "raid.synonym_vectors": str(tmp_path / "v.bin")}
+    with pytest.raises(StealthEvalError, match=r"^--offline: raid\.attacks lists synonym, which cannot run here: raid\.synonym_mlm='no-such-org/no-such-mlm' is neither"):
+        check_offline(resolve_config("tiny", methods=["m0", "raid"], overrides=ov))
+    ov["raid.synonym_mlm"] = str(tmp_path / "mlm")
+    try:
+        check_offline(resolve_config("tiny", methods=["m0", "raid"], overrides=ov))
+        import nltk
+        nltk.pos_tag(["a"]); nltk.corpus.stopwords.words("english")             # all four pieces are here
+        assert importlib.util.find_spec("fasttext") is not None
+    except StealthEvalError as e:
+        assert "raid.synonym_mlm" not in str(e) and "raid.synonym_vectors" not in str(e), str(e)
+        assert "the fasttext package is not installed" in str(e) or "NLTK's data lacks" in str(e), str(e)
+    ov["raid.synonym_mlm"] = "no-such-org/no-such-mlm"
+    check_offline(resolve_config("tiny", methods=["m0"], overrides=ov))                     # raid is not run
+    check_offline(resolve_config("tiny", methods=["m0", "raid"], overrides={**ov, "raid.attacks": ["whitespace"]}))
+
+
+@pytest.mark.parametrize("budget", ["paths=0", "build=-5", "notebooks=nan", "environment=inf", "paths=1e400"])
+def test_a_preflight_budget_that_is_not_a_positive_finite_number_is_refused(budget, tmp_path):
+    """Before: `--budget STEP=0` or a negative budget meant no limit at all, and nan or inf failed the step in the timer;
+    the preflight ran for minutes. Now one line, exit 2, before the output folder is made."""
+    p = run_cli("preflight", "--short", "--device", "cpu", "--out_dir", tmp_path / "pf", "--budget", budget, check=False, timeout=300)
+    line = one_error_line(p, "preflight")
+    assert line == f"stealth-eval preflight: error: --budget {budget}: a step's budget is a positive finite number of seconds", line
+    assert not (tmp_path / "pf").exists()
+
+
+@pytest.mark.parametrize("item, says", [
+    ("api.timeout_s=1e12", "--set api.timeout_s=1000000000000.0: must be at most 3600 "),
+    ("api.max_attempts=1000000", "--set api.max_attempts=1000000: must be at most 20 "),
+    ("api.backoff_max_s=1e12", "--set api.backoff_max_s=1000000000000.0: must be at most 3600 "),
+    ("api.retry_after_max_s=86400", "--set api.retry_after_max_s=86400: must be at most 3600 "),
+])
+def test_the_api_clients_waits_and_tries_are_bounded(item, says, tmp_path):
+    """Before: a timeout or wait of 1e12 s passed the checks (a socket or a sleep that long overflows the platform's
+    time_t: OverflowError inside the stage), a million tries per text too. Now each has a documented maximum."""
+    line = one_error_line(run_cli("--profile", "tiny", "--set", item, "--out_dir", tmp_path / "run", check=False, timeout=300))
+    assert line.startswith(f"stealth-eval: error: {says}"), line
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_api_bounds_are_accepted_and_documented():
+    from stealth_eval.schema import Api
+    cfg = resolve_config("tiny", overrides=parse_set(["api.timeout_s=3600", "api.max_attempts=20", "api.backoff_s=3600",
+                                                      "api.backoff_max_s=3600", "api.retry_after_max_s=3600"]))
+    assert (cfg.api.timeout_s, cfg.api.max_attempts, cfg.api.backoff_max_s) == (3600, 20, 3600)
+    for k, most in (("timeout_s", 3600), ("max_attempts", 20), ("backoff_s", 3600), ("backoff_max_s", 3600), ("retry_after_max_s", 3600)):
+        f = Api.__dataclass_fields__[k]
+        assert f.metadata["at_most"][0] == most and f"at most {most}" in f.metadata["doc"], k
