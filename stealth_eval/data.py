@@ -83,9 +83,14 @@ def _check_unicode(records: list, lines: list, source):
 
 # %% ../nbs/00_data.ipynb #d4844c04
 def _check_cells(df, source: str):
-    "Fail on the first text that is not a string (a number, a list)."
-    import pandas as pd
+    "Fail on the first id that is not a string or an integer (a list, a boolean), then on the first text that is not a string (a number, a list)."
+    import numpy as np, pandas as pd
     names = _row_names(df)
+    for i, v in enumerate(df["id"]):   # a Parquet list column would become the id "['h0']", a JSON true the id "True"
+        if isinstance(v, (str, int, np.integer, float, np.floating)) and not isinstance(v, (bool, np.bool_)): continue
+        if v is None or (not hasattr(v, "__len__") and pd.isna(v)): continue    # no id: refused with the others below
+        v = v.tolist() if isinstance(v, np.ndarray) else v                     # a Parquet list cell reads as an array
+        raise StealthEvalError(f"{source}: {names[i]}: id is {type(v).__name__} {_short(v)}, expected a string or an integer")
     for i, t in enumerate(df["text"]):
         if t is None or isinstance(t, str) or (not hasattr(t, "__len__") and pd.isna(t)): continue
         raise StealthEvalError(f"{source}: {names[i]} (id {str(df['id'].iloc[i])!r}): text is {type(t).__name__} "
@@ -111,6 +116,11 @@ def validate_records(df, source: str, min_words: int = 10):
     df["id"] = df["id"].astype(str)
     dup = df["id"][df["id"].duplicated()].unique()
     if len(dup): raise StealthEvalError(f"{source}: duplicate id(s) {_few(dup)}; ids must be unique")
+    near = df["id"][df["id"].str.strip().duplicated(keep=False) & (df["id"] != df["id"].str.strip())]   # ' h0' beside 'h0'
+    if len(near):
+        i = near.index[0]
+        raise StealthEvalError(f"{source}: {_row_names(df)[df.index.get_loc(i)]}: id {near[i]!r} differs from another row's id only "
+                               f"by white space around it; ids are matched as written (scores files, the cache): make them distinct")
     lab = df["label"]
     no_label = lab.isna()
     if no_label.any(): raise StealthEvalError(f"{source}: missing label for id(s) {_few(df['id'][no_label])}; labels: human, ai")

@@ -63,6 +63,10 @@ KINDS = {
     "random bytes named .parquet": ("d.parquet", os.urandom(4096), ("refused", "d.parquet: not a readable Parquet file")),
     "truncated Parquet": ("d.parquet", None, ("refused", "d.parquet: not a readable Parquet file")),   # built below
     "Parquet text column of numbers": ("d.parquet", None, ("refused", "text is int")),                # built below
+    "Parquet id column of lists": ("d.parquet", None, ("refused", "d.parquet: row 1: id is list ['0'], expected a string or an integer")),  # built below
+    "id is a boolean": ("d.jsonl", jsonl([{**rows(*OK2)[0], "id": True}, rows(*OK2)[1]]), ("refused", "d.jsonl:1: id is true; an id is a string or a number")),
+    "ids that differ only by white space": ("d.jsonl", jsonl([rows(*OK2)[0], {**rows(*OK2)[1], "id": " 0"}]),
+                                            ("refused", "line 2: id ' 0' differs from another row's id only by white space around it")),
     "random bytes named .csv": ("d.csv", b"\x89PNG\r\n\x1a\n" + os.urandom(512), ("refused", "invalid UTF-8")),
     "unclosed quote in CSV": ("d.csv", csv_bytes(rows(*OK2)) + b'9,ai,d,g,"never closed\n', ("refused", "d.csv: not a readable CSV file")),
     "empty CSV file": ("d.csv", b"", ("refused", "d.csv: not a readable CSV file")),
@@ -106,6 +110,8 @@ def _write(kind, tmp_path):
         path.write_bytes(path.read_bytes()[:-40])
     elif kind == "Parquet text column of numbers":
         pd.DataFrame([{**r, "text": i} for i, r in enumerate(rows(*OK2))]).to_parquet(path)
+    elif kind == "Parquet id column of lists":
+        pd.DataFrame([{**r, "id": [r["id"]]} for r in rows(*OK2)]).to_parquet(path)
     elif kind == "a valid Parquet file":
         pd.DataFrame(rows(*OK2)).to_parquet(path)
     else:
@@ -173,7 +179,8 @@ def test_failing_dataset_does_not_cost_the_others(tmp_path):
     assert (tmp_path / "run" / "data" / "good.card.json").exists()
 
 
-@pytest.mark.parametrize("kind", ["random bytes named .parquet", "lone surrogate in text", "no human texts", "a .json file"])
+@pytest.mark.parametrize("kind", ["random bytes named .parquet", "lone surrogate in text", "no human texts", "a .json file",
+                                  "Parquet id column of lists"])
 def test_cli_refuses_in_one_line(kind, tmp_path):
     "The command line: exit status 2 and one line on stderr naming the file (no traceback)."
     path = _write(kind, tmp_path)
