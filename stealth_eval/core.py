@@ -9,6 +9,7 @@ import copy
 import datetime
 from collections.abc import Mapping
 import difflib
+import errno
 import hashlib
 import importlib
 import json
@@ -16,6 +17,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,13 +30,13 @@ from importlib import metadata
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['CACHE_FORMAT', 'STORE_MARKER', 'PROVENANCE_PACKAGES', 'StealthEvalError', 'UnknownNameError', 'ComponentUnavailable',
-           'few', 'Registry', 'project_root', 'user_cache_dir', 'resolve_path', 'get_logger', 'progress',
-           'sha256_bytes', 'sha256_text', 'stable_hash', 'file_sha256', 'atomic_write_bytes', 'atomic_write_text',
-           'LockHeld', 'pid_alive', 'file_lock', 'build_file_once', 'to_jsonable', 'write_json', 'read_json',
-           'deep_merge', 'record_skipped', 'write_jsonl', 'read_jsonl', 'check_entry', 'parts_of', 'LocalEngine',
-           'Cache', 'check_store', 'verify_store', 'prune_store', 'record_source', 'recording_sources', 'file_source',
-           'package_versions', 'git_commit', 'md_tex']
+__all__ = ['OS_PROBLEMS', 'CACHE_FORMAT', 'STORE_MARKER', 'PROVENANCE_PACKAGES', 'StealthEvalError', 'UnknownNameError',
+           'ComponentUnavailable', 'few', 'os_problem', 'Registry', 'project_root', 'user_cache_dir', 'resolve_path',
+           'get_logger', 'progress', 'sha256_bytes', 'sha256_text', 'stable_hash', 'file_sha256', 'atomic_write_bytes',
+           'atomic_write_text', 'LockHeld', 'pid_alive', 'file_lock', 'build_file_once', 'to_jsonable', 'write_json',
+           'read_json', 'deep_merge', 'record_skipped', 'write_jsonl', 'read_jsonl', 'check_entry', 'parts_of',
+           'LocalEngine', 'Cache', 'check_store', 'verify_store', 'prune_store', 'record_source', 'recording_sources',
+           'file_source', 'package_versions', 'git_commit', 'md_tex']
 
 # %% ../nbs/01_core.ipynb #d5cc8c30
 class StealthEvalError(Exception):
@@ -53,6 +55,56 @@ def few(xs, k=5) -> str:
     "The first `k` of `xs` for an error message: `'a', 'b' and 3 more`."
     xs = list(xs)
     return ", ".join(map(repr, xs[:k])) + (f" and {len(xs) - k} more" if len(xs) > k else "")
+
+# %% ../nbs/01_core.ipynb #68e87dce
+OS_PROBLEMS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.ENAMETOOLONG, errno.EISDIR, errno.ENOTDIR, errno.EEXIST,
+               errno.EACCES, errno.EPERM, errno.EROFS, errno.ELOOP, errno.EIO}   # errnos the machine or the user's files cause
+_UNNAMED = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}   # a write's errors, that may come without a path
+
+def _size(n: int) -> str:
+    for unit, k in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k: return f"{n / k:.1f} {unit}"
+    return f"{n} bytes"
+
+def _nearest_dir(path) -> Path:
+    "The nearest existing folder at or above `path`."
+    p = Path(os.path.abspath(path))
+    for q in (p, *p.parents):
+        try:
+            if q.is_dir(): return q
+        except (OSError, ValueError): pass
+    return Path("/")
+
+def os_problem(e: BaseException,
+               where=None) -> str | None:   # a path on the disk a full-disk error without a path was writing to
+    """One line, `PATH: problem`, for an operating-system error the machine or the user's files caused (its errno in
+    `OS_PROBLEMS`); None for any other exception, which is a bug."""
+    if not isinstance(e, OSError) or e.errno not in OS_PROBLEMS: return None
+    path = os.fsdecode(e.filename) if e.filename not in (None, b"", "") else None
+    if path is None and e.errno not in _UNNAMED: return None
+    words = e.strerror or os.strerror(e.errno)
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        try: free = shutil.disk_usage(_nearest_dir(path or where or ".")).free
+        except OSError: free = None
+        need = getattr(e, "needed", None)
+        room = [f"{_size(need)} to write" if need is not None else "", f"{_size(free)} free there" if free is not None else ""]
+        words += (f" ({', '.join(r for r in room if r)})" if any(room) else "") + \
+                 "; free some space or write elsewhere, then run the same command again"
+    elif e.errno == errno.ENAMETOOLONG and path:
+        name = max(Path(path).parts, key=lambda s: len(os.fsencode(s)))
+        try: limit = os.pathconf(_nearest_dir(path), "PC_NAME_MAX")
+        except (OSError, ValueError): limit = 255
+        if len(os.fsencode(name)) > limit:
+            words += (f": the name {name[:24] + '…' if len(name) > 24 else name!r} is {len(os.fsencode(name))} bytes, "
+                      f"over this file system's limit of {limit} bytes for a name")
+        else: words += f": the path is {len(os.fsencode(path))} bytes"
+    elif e.errno == errno.EISDIR: words += ", where a file is expected"
+    elif e.errno == errno.ENOTDIR and path:
+        file = next((q for q in Path(path).parents if q.exists() and not q.is_dir()), None)
+        if file is not None: words += f": {file} is a file, not a folder"
+    elif e.errno == errno.EEXIST and path and os.path.lexists(path) and not os.path.isdir(path):
+        words += ": a file where a folder is expected"
+    return f"{path}: {words}" if path else words
 
 # %% ../nbs/01_core.ipynb #09bdff3b
 class Registry:
@@ -148,19 +200,24 @@ def file_sha256(path) -> str:
 # %% ../nbs/01_core.ipynb #ccf74aed
 def atomic_write_bytes(path, data: bytes,
                        mode: int | None = None) -> Path:  # permissions of the new file (None: mkstemp's private 0600)
-    "Write `data` to `path` through a temporary file in the same folder and an atomic rename."
+    """Write `data` to `path` through a temporary file in the same folder and an atomic rename: `path` is whole or as
+    before. A write's `OSError` names `path` (not the temporary file) and, when the disk is full, the bytes (`needed`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             if mode is not None: os.fchmod(f.fileno(), mode)   # set on our own file, before it takes the name
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp): os.unlink(tmp)
+    except BaseException as e:
+        if tmp is not None and os.path.exists(tmp): os.unlink(tmp)
+        if isinstance(e, OSError) and (e.filename is None or Path(os.fsdecode(e.filename)).name.startswith(f".{path.name}.")):
+            e.filename = str(path)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT): e.needed = len(data)
         raise
     return path
 

@@ -805,7 +805,8 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
     import datetime
     from stealth_eval.models import resolve_device
     from stealth_eval.rehearsal import _free, rehearsal_scale
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    from stealth_eval.run import usable_dir
+    out = usable_dir(out_dir, "--out_dir")      # a file there, a name too long: one line (exit 2), never a traceback
     dev = resolve_device(device)
     cuda = dev.startswith("cuda")
     kind = "gpu" if cuda else "cpu-short" if short else "cpu"

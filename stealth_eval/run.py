@@ -19,17 +19,17 @@ from functools import lru_cache
 from pathlib import Path
 
 from .config import PIPELINE
-from .core import (LockHeld, StealthEvalError, few, file_lock, file_sha256, get_logger, git_commit,
+from .core import (LockHeld, StealthEvalError, few, file_lock, file_sha256, get_logger, git_commit, os_problem,
                                package_versions, progress, project_root, read_json, resolve_path, write_json)
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_INTERNAL', 'EXIT_USER', 'EXIT_INTERRUPTED', 'EXIT_TERMINATED', 'OFFLINE_ENV', 'DATASET_SUFFIXES',
            'PREVIOUS_RUN', 'RUN_LOCK', 'RUN_FOLDERS', 'RUN_TOP_FILES', 'STAGE_TAG', 'NOTEBOOK_SAVE_S',
-           'INTERRUPT_GRACE_S', 'build_parser', 'check_offline', 'raid_synonym_missing', 'check_device',
+           'INTERRUPT_GRACE_S', 'SUBCOMMANDS', 'build_parser', 'check_offline', 'raid_synonym_missing', 'check_device',
            'RunInterrupted', 'StageFailed', 'check_dataset_args', 'usable_dir', 'cli_path', 'kernel_problem',
            'run_files', 'is_run_output', 'previous_run', 'check_user_files', 'set_aside_previous_run', 'run_lock',
-           'stage_notebook', 'InterruptGuard', 'interrupt_guard', 'user_error_names', 'stage_engine', 'RunLog',
-           'run_pipeline', 'readme_from_index', 'report_main', 'docs_main', 'cache_report', 'cache_main',
+           'stage_notebook', 'InterruptGuard', 'interrupt_guard', 'user_error_names', 'stage_os_error', 'stage_engine',
+           'RunLog', 'run_pipeline', 'readme_from_index', 'report_main', 'docs_main', 'cache_report', 'cache_main',
            'raid_detector', 'main']
 
 # %% ../nbs/90_run.ipynb #8de8dc29
@@ -162,12 +162,15 @@ def check_dataset_args(datasets):
 
 # %% ../nbs/90_run.ipynb #2f7bacab
 def usable_dir(path, flag: str) -> Path:
-    "`path` as a writable folder (created if missing), or a one-line error naming the flag."
+    "`path` as a writable folder (created if missing), or a one-line error naming the flag and the problem (`os_problem`)."
     import os
     path = Path(path)
-    if path.exists() and not path.is_dir(): raise StealthEvalError(f"{flag} {path}: exists and is not a folder")
-    try: path.mkdir(parents=True, exist_ok=True)
-    except OSError as e: raise StealthEvalError(f"{flag} {path}: cannot be created ({e.strerror or e})") from None
+    try:
+        if path.exists() and not path.is_dir(): raise StealthEvalError(f"{flag} {path}: exists and is not a folder")
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:                       # a name too long, a file where a folder goes, no permission...
+        why = os_problem(e) or f"cannot be created ({e.strerror or e})"
+        raise StealthEvalError(f"{flag} {why}" if why.startswith(f"{path}: ") else f"{flag} {path}: {why}") from None
     if not os.access(path, os.W_OK | os.X_OK): raise StealthEvalError(f"{flag} {path}: not writable")
     return path
 
@@ -209,7 +212,8 @@ def run_files(out: Path, found=()) -> list:
 def _stage_status(info: dict, out: Path, nb: str, status: str, t0: float, error: str | None = None):
     info["stages"][nb] = {"status": status, "seconds": round(time.time() - t0, 1), **({"error": error} if error else {})}
     info["files"] = run_files(out, info.get("found", ()))   # kept current: what the run wrote so far
-    write_json(out / "run_info.json", info)
+    try: write_json(out / "run_info.json", info)
+    except OSError: pass                       # a full disk: run_info.json stays as it was (whole); the run says why it stopped
 
 # %% ../nbs/90_run.ipynb #badf7997
 RUN_FOLDERS = ("data", "figures", "tables", "models", "raid_predictions", "score_files", "cache_stats", "notebooks", "site")
@@ -280,13 +284,28 @@ def set_aside_previous_run(out: Path) -> list:
 # %% ../nbs/90_run.ipynb #2d9be7a4
 @contextmanager
 def run_lock(out: Path):
-    "Hold the run folder `out` for the block; refuse at once, in one line naming its pid, when another run holds it."
-    lock = file_lock(Path(out) / RUN_LOCK, "running stealth-eval", wait=False)
-    try: lock.__enter__()
+    """Hold the run folder `out` for the block; refuse at once, in one line naming its pid, when another run holds it.
+    A block that ends in an exception before it sets `lock.started` (a refused run) removes the lock file if it made it."""
+    path = Path(out) / f"{RUN_LOCK}.lock"
+    made = not os.path.lexists(path)
+    try:
+        lock = file_lock(Path(out) / RUN_LOCK, "running stealth-eval", wait=False)
+        lock.__enter__()
     except LockHeld as e:
         raise StealthEvalError(f"--out_dir {out}: another run is writing into this folder ({e.who}); wait for it to end "
                                f"or choose another --out_dir") from None
+    except OSError as e:                       # the lock's name is a folder, the folder is read-only...
+        why = os_problem(e)
+        if why is None: raise
+        raise StealthEvalError(f"--out_dir {out}: cannot take the run folder's lock: {why}; move it away or choose "
+                               f"another --out_dir") from None
+    lock.started = False
     try: yield lock
+    except BaseException:
+        if made and not lock.started:          # removed while still held: a run that opened it meanwhile sees it gone
+            try: path.unlink()                 # (filelock checks the link count after its flock) and takes a new one
+            except OSError: pass
+        raise
     finally: lock.__exit__(None, None, None)
 
 # %% ../nbs/90_run.ipynb #ddd50db1
@@ -352,6 +371,19 @@ def user_error_names() -> set:
         if c.__name__ not in names: names.add(c.__name__); todo += c.__subclasses__()
     return names
 
+# %% ../nbs/90_run.ipynb #9977c6c5
+def stage_os_error(ename: str, evalue: str) -> OSError | None:
+    """The `OSError` a stage's kernel raised, rebuilt from papermill's `ename` and `evalue` (`[Errno 28] No space left
+    on device: 'PATH'`, or pyarrow's `... Detail: [errno 28] ...`) for `os_problem`; None for any other exception."""
+    import ast, builtins, re
+    cls = getattr(builtins, str(ename), None)
+    if not (isinstance(cls, type) and issubclass(cls, OSError)): return None
+    m = re.search(r"\[errno (\d+)\] ([^:\n]*)(?::\s*(['\"].*['\"])\s*$)?", str(evalue), re.I | re.M)
+    if m is None: return None
+    try: name = ast.literal_eval(m[3]) if m[3] else None
+    except (ValueError, SyntaxError): name = None
+    return OSError(int(m[1]), m[2].strip() or os.strerror(int(m[1])), name if isinstance(name, str) else None)
+
 # %% ../nbs/90_run.ipynb #8baeb92b
 def _kernel_pid(kms: list) -> int | None:
     "The pid of the newest live kernel started by these kernel managers."
@@ -373,8 +405,16 @@ NOTEBOOK_SAVE_S = 5.0   # seconds between writes of a running stage's notebook; 
 
 @lru_cache(maxsize=None)
 def stage_engine() -> str:
-    "The name of papermill's engine for stage notebooks (registered once): papermill's nbclient engine, throttled writes."
+    """The name of papermill's engine for stage notebooks (registered once): papermill's nbclient engine, throttled
+    writes, each notebook written whole or not at all (a full disk leaves the last whole version, never a torn one)."""
     from papermill.engines import NBClientEngine, NotebookExecutionManager, papermill_engines
+    from papermill.iorw import LocalHandler, papermill_io
+    from stealth_eval.core import atomic_write_text
+    umask = os.umask(0o22); os.umask(umask)
+    class WholeFiles(LocalHandler):
+        "papermill's local files, written through a temporary file in the same folder and a rename."
+        def write(self, buf, path): atomic_write_text(os.path.join(self._cwd or "", path), buf, 0o666 & ~umask)
+    papermill_io.register("/", WholeFiles())   # papermill takes the handler whose scheme starts the path: every absolute path
     class StageRecord(NotebookExecutionManager):
         writes = 0
         def save(self, **kw):
@@ -470,17 +510,23 @@ class RunLog:
         self.handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%d %H:%M:%S"))
     def write(self, s: str):
         with self._lock:
-            if not self._f.closed: self._f.write(s)
+            if self._f.closed: return
+            try: self._f.write(s)
+            except OSError: pass               # a full disk: the log loses lines; the run says itself why it stopped
     def flush(self):
         with self._lock:
-            if not self._f.closed: self._f.flush()
+            if self._f.closed: return
+            try: self._f.flush()
+            except OSError: pass
     def traceback(self, title: str, lines):
         "Append a traceback (a list of lines, terminal colours removed) under a title line."
         import re
         text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(l.rstrip("\n") for l in lines))
         self.write(f"---- {title}\n{text}\n"); self.flush()
     def close(self):
-        with self._lock: self._f.close()
+        with self._lock:
+            try: self._f.close()
+            except OSError: pass
 
 # %% ../nbs/90_run.ipynb #a995ff89
 def _run_stages(nbs: Path, out: Path, params: dict, info: dict, mon=None, guard: InterruptGuard | None = None,
@@ -500,15 +546,24 @@ def _run_stages(nbs: Path, out: Path, params: dict, info: dict, mon=None, guard:
             if guard.signum is not None or isinstance(e, KeyboardInterrupt) or getattr(e, "ename", None) == "KeyboardInterrupt":
                 _stage_status(info, out, nb, "interrupted", t0)
                 raise RunInterrupted(nb, guard.signum or signal.SIGINT) from None
+            kept = ("; the stages before it finished and their files are kept in " + str(out)
+                    if any(s.get("status") == "ok" for s in info["stages"].values()) else "")
             if isinstance(e, pm.PapermillExecutionError):
                 first = (str(e.evalue).strip().splitlines() or [""])[0]
-                _stage_status(info, out, nb, "failed", t0, f"{e.ename}: {first}")
+                oserr = stage_os_error(e.ename, e.evalue)
+                why = os_problem(oserr, out) if oserr is not None else None   # the machine's: a full disk, a name too long...
+                _stage_status(info, out, nb, "failed", t0, why or f"{e.ename}: {first}")
                 if e.ename in users:
                     raise StealthEvalError(f"stage {nb} failed: {e.ename}: {e.evalue} (the executed notebook with the "
                                            f"full traceback: {executed})") from None
+                if why: raise StealthEvalError(f"stage {nb} failed: {why}{kept} (the executed notebook: {executed})") from None
                 if run_log: run_log.traceback(f"stage {nb} failed: {e.ename}", e.traceback)
                 raise StageFailed(f"stage {nb} failed with an internal error (a bug: please report it): {e.ename}: {first}; "
                                   f"the traceback is in {executed} and {out / 'run.log'}") from None
+            why = os_problem(e, out)           # the runner's own write (the executed notebook) met a full disk...
+            if why is not None:
+                _stage_status(info, out, nb, "failed", t0, why)
+                raise StealthEvalError(f"stage {nb} failed: {why}{kept}") from None
             why = kernel_problem(e) if isinstance(e, Exception) else None
             if why is None: raise
             _stage_status(info, out, nb, "failed", t0, why)
@@ -553,10 +608,10 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
         for spec in cfg["datasets"]:          # fail before any stage runs
             if spec["path"]: check_usable(load_dataset_file(spec["path"], cfg["validity"]["min_words"]), spec["path"])
         nbs = _notebooks_dir(nbs_dir)
-        out = usable_dir(cfg["out_dir"], "--out_dir")
         if cfg.get("cache_dir") and not no_cache: usable_dir(cfg["cache_dir"], "--cache_dir")
+        out = usable_dir(cfg["out_dir"], "--out_dir")   # last: a refused run makes no run folder
         guard.check()                          # a signal during the checks: nothing written yet
-        with run_lock(out):                    # one run at a time in a folder: another one is refused, naming its pid
+        with run_lock(out) as lock:            # one run at a time in a folder: another one is refused, naming its pid
             check_user_files(out)              # a user's file where the run writes: refused, never overwritten
             moved = set_aside_previous_run(out)    # a run folder holds one run: the last one's files go to .previous_run/
             found = run_files(out)                 # the files this run did not write (the user's)
@@ -584,6 +639,7 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
                 if cfg["engine"]["name"] == "ray":    # one local Ray instance for the whole run, unless a cluster is named
                     from stealth_eval.engine import start_local_cluster, stop_local_cluster
                     ray_started = start_local_cluster(cfg["engine"])
+                lock.started = True                # from here the lock file stays with the run (refused before: removed)
                 try: _run_stages(nbs, out, params, info, mon, guard, run_log)
                 finally:
                     if ray_started: stop_local_cluster()
@@ -603,7 +659,7 @@ def run_pipeline(profile: str = "embedded", datasets=None, methods=None, detecto
             except (StealthEvalError, StageFailed, RunInterrupted): raise
             except Exception as e:                 # a bug of the runner itself: its traceback goes to the run log too
                 import traceback
-                run_log.traceback(f"internal error: {type(e).__name__}", traceback.format_exception(e))
+                run_log.traceback(os_problem(e) or f"internal error: {type(e).__name__}", traceback.format_exception(e))
                 e.run_log = run_log.path
                 raise
             finally:
@@ -746,22 +802,33 @@ def _exit_culprit(e: SystemExit, plugins) -> str:
     return f"{what} called sys.exit({e.code!r}); a plugin must raise an exception, never end the run"
 
 # %% ../nbs/90_run.ipynb #d6ace8d2
-def main(argv=None) -> int:
-    "The command line; exit status 0 ok, 1 internal error, 2 user error, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["readme"]:
+SUBCOMMANDS = ("readme", "report", "docs", "cache", "preflight", "wheels")
+
+def _subcommand(name: str, argv: list) -> int:
+    "Run the subcommand `name` (one of `SUBCOMMANDS`) with its arguments; its exit status."
+    if name == "readme":
         (project_root() / "README.md").write_text(readme_from_index(), encoding="utf-8")
         print(f"wrote {project_root() / 'README.md'}")
         return EXIT_OK
-    if argv[:1] == ["report"]: return report_main(argv[1:])
-    if argv[:1] == ["docs"]: return docs_main(argv[1:])   # the library's documentation offline (nbdev_docs with Quarto)
-    if argv[:1] == ["cache"]: return cache_main(argv[1:])
-    if argv[:1] == ["preflight"]:   # a bounded check of the paper run on this device (09_preflight)
+    if name == "report": return report_main(argv)
+    if name == "docs": return docs_main(argv)   # the library's documentation offline (nbdev_docs with Quarto)
+    if name == "cache": return cache_main(argv)
+    if name == "preflight":         # a bounded check of the paper run on this device (09_preflight)
         from stealth_eval.preflight import preflight_main
-        return preflight_main(argv[1:])
-    if argv[:1] == ["wheels"]:      # wheels of what a GPU image lacks, for a machine without network (09_preflight)
-        from stealth_eval.preflight import wheels_main
-        return wheels_main(argv[1:])
+        return preflight_main(argv)
+    from stealth_eval.preflight import wheels_main   # wheels of what a GPU image lacks, for a machine without network
+    return wheels_main(argv)
+
+def main(argv=None) -> int:
+    "The command line; exit status 0 ok, 1 internal error, 2 user error, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] and argv[0] in SUBCOMMANDS:
+        try: return _subcommand(argv[0], argv[1:])
+        except OSError as e:                   # the machine's or the user's files (`os_problem`): one line, exit 2
+            line = os_problem(e)
+            if line is None: raise
+            print(f"stealth-eval {argv[0]}: error: {line}", file=sys.stderr)
+            return EXIT_USER
     args = None
     try:
         args = build_parser().parse_args(argv)
@@ -820,6 +887,10 @@ def main(argv=None) -> int:
         print(_resume_line(getattr(e, "where", "before the first stage"), argv, args, signum), file=sys.stderr)
         return EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_TERMINATED
     except Exception as e:                     # a bug: the traceback where it can be read, one line here
+        line = os_problem(e)                   # unless the machine's or the user's files: a full disk, a name too long...
+        if line is not None:
+            print(f"stealth-eval: error: {line}", file=sys.stderr)
+            return EXIT_USER
         where = getattr(e, "run_log", None)
         if where is None: import traceback; traceback.print_exc()
         print(f"stealth-eval: internal error (a bug: please report it): {type(e).__name__}: "
