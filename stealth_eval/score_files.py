@@ -400,7 +400,8 @@ def register_score_files(score_files: dict) -> list:
     for name, spec in sorted((score_files or {}).items()):
         path, default = _split_spec(spec)
         entry = _kept_entry(Path(path))
-        if entry is not None:
+        if entry is not None:        # one copy serves every file with its bytes: each name's own source and stat
+            entry = {**entry, **(entry.get("by_name") or {}).get(name, {})}
             _note_change(name, entry, Path(path))
             direction, sha, source = entry["direction"], entry["sha256"], entry["source"]
         else:
@@ -414,6 +415,11 @@ def register_score_files(score_files: dict) -> list:
     return out
 
 # %% ../nbs/24_score_files.ipynb #39c11e54
+def _stat_now(path, default) -> list:
+    "[size, mtime_ns] of `path` (`default` where it cannot be read): a kept file's fingerprint for `_note_change`."
+    try: st = os.stat(path); return [st.st_size, st.st_mtime_ns]
+    except OSError: return default
+
 def keep_score_files(cfg, out):
     """Before the first stage (the runner): write each scores file's bytes, as read once before the run, into
     `out/score_files/<sha256>.<suffix>`, describe them in `manifest.json` (the user's file, its SHA-256 and stat), and
@@ -432,9 +438,10 @@ def keep_score_files(cfg, out):
         check_datasets(content, plain["datasets"], det.source_file)
         copy = folder / f"{det.sha256}{Path(det.source_file).suffix}"
         atomic_write_bytes(copy, read["data"], 0o644)
-        manifest[copy.name] = {"name": name, "source": det.source_file, "sha256": det.sha256, "bytes": len(read["data"]),
-                               "stat": read["stat"], "direction": det.direction, "format": "raid" if default else "scores",
-                               "rows": len(content["rows"])}
+        e = manifest.setdefault(copy.name, {"name": name, "source": det.source_file, "sha256": det.sha256, "bytes": len(read["data"]),
+                                            "stat": read["stat"], "direction": det.direction, "format": "raid" if default else "scores",
+                                            "rows": len(content["rows"]), "by_name": {}})
+        e["by_name"][name] = {"source": det.source_file, "stat": _stat_now(det.source_file, read["stat"])}   # files with the same bytes
         kept[name] = (RAID_PREFIX if default else "") + str(copy)
     write_json(folder / "manifest.json", manifest)
     for e in manifest.values(): _READ.pop(e["sha256"], None)     # kept in the run: the bytes leave memory

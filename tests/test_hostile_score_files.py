@@ -149,6 +149,21 @@ def test_the_file_is_read_once_and_the_run_uses_its_kept_copy(tmp_path, monkeypa
     assert f"scores:ext: {f} is gone since the run read it" in log
 
 
+def test_two_files_with_the_same_bytes_keep_their_own_names(tmp_path, monkeypatch):
+    """Two scores files with identical bytes share one kept copy; each detector still names its own file (and its own
+    stat): before, the manifest held the last file's source, so `scores:a` read "scores file b.csv" in every table."""
+    a = _dataset(tmp_path / "a.jsonl", {"x": "alpha " + W, "y": "beta " + W})
+    files = [tmp_path / "a.csv", tmp_path / "b.csv"]
+    for f in files: f.write_text("id,score,direction\nx,0.91,1\ny,0.2,1\n")
+    models = {}
+    def after(cfg): models.update({n: DETECTORS.get(n).model(cfg) for n in ("scores:a", "scores:b")})
+    out, _ = _run(tmp_path, monkeypatch, [a], [f"scores:{f}" for f in files], hooks={"30_calibration_metrics": after})
+    sha = sha256_bytes(files[0].read_bytes())
+    assert models == {"scores:a": f"scores file a.csv@sha256:{sha[:16]}", "scores:b": f"scores file b.csv@sha256:{sha[:16]}"}
+    entry = json.loads((out / "score_files" / "manifest.json").read_text())[f"{sha}.csv"]
+    assert {n: e["source"] for n, e in entry["by_name"].items()} == {"a": str(files[0]), "b": str(files[1])}
+
+
 def test_a_kept_copy_that_changed_is_refused(tmp_path, monkeypatch):
     a = _dataset(tmp_path / "a.jsonl", {"x": "alpha " + W, "y": "beta " + W})
     f = tmp_path / "ext.csv"
