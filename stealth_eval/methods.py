@@ -37,15 +37,21 @@ def _ascii_alnum() -> str:
     import string
     return string.ascii_letters + string.digits
 
+def _of_case(h: str, c: str) -> str:
+    "`c`, the ASCII letter/digit `h` is confusable with, or the one ASCII letter of `h`'s case confusable with `c` (Ι: l -> I)."
+    if not c.isalpha() or not (h.isupper() or h.islower()) or h.isupper() == c.isupper(): return c
+    same = [a for a in (e["c"] for e in _confusables().get(c, [])) if a.isascii() and a.isalpha() and a.isupper() == h.isupper()]
+    return same[0] if len(same) == 1 else c
+
 @lru_cache(maxsize=1)
 def confusable_inverse() -> dict:
-    "Non-ASCII character -> the single ASCII letter/digit it is confusable with (ambiguous ones left out)."
+    "Non-ASCII character -> the single ASCII letter/digit it is confusable with (ambiguous ones left out), of its own case."
     inv = {}
     for c in _ascii_alnum():
         for e in _confusables().get(c, []):
             h = e["c"]
             if len(h) == 1 and not h.isascii(): inv.setdefault(h, set()).add(c)
-    return {h: next(iter(cs)) for h, cs in inv.items() if len(cs) == 1}
+    return {h: _of_case(h, next(iter(cs))) for h, cs in inv.items() if len(cs) == 1}
 
 # %% ../nbs/10_methods.ipynb #4431bdb8
 _CJK = ("CJK", "HIRAGANA", "KATAKANA", "HANGUL", "IDEOGRAPHIC", "BOPOMOFO", "YI")   # written without spaces between words
@@ -125,7 +131,8 @@ def _key(ch: str) -> str | None:
 def _info(ch: str) -> tuple:
     "(script, ASCII letter/digit it looks like or None) of a character as NFKC reads it (Greek lunate ϲ: ('GREEK', 'c'))."
     n = unicodedata.normalize("NFKC", ch)
-    return (script_of(n[0]) if n else None), (_key(ch) or (_key(n) if len(n) == 1 else None))
+    c = n if len(n) == 1 and n.isascii() else ch    # full-width Ｉ is I, mathematical 𝟏 is 1 (not the l they resemble)
+    return (script_of(n[0]) if n else None), (_key(c) or (_key(n) if len(n) == 1 else None))
 
 def _majority(scripts, prefer: str | None = None) -> str | None:
     from collections import Counter
@@ -133,17 +140,19 @@ def _majority(scripts, prefer: str | None = None) -> str | None:
     return min(n, key=lambda s: (-n[s], s != prefer)) if n else None
 
 def text_script(text: str) -> str:
-    "The majority script of the text's anchor letters (letters with no look-alike), else of its letters; 'LATIN' without letters."
+    "The majority script of the text's anchor letters (no ASCII look-alike); without anchors its letters' one script, else LATIN."
     info = [_info(ch) for ch in text]
-    return _majority(s for s, k in info if k is None) or _majority(s for s, _ in info) or "LATIN"
+    scripts = {s for s, _ in info if s}
+    return _majority(s for s, k in info if k is None) or (scripts.pop() if len(scripts) == 1 else "LATIN")
 
-def _word_script(word: list, text_s: str) -> str:
+def _word_script(word: list, text_s: str, latin: bool) -> str:
+    "The script of a word of a text in `text_s` (`latin`: the text is Latin or has Latin anchors)."
     info = [_info(ch) for ch in word]
     anchors = [s for s, k in info if s and k is None]
     if anchors: return _majority(anchors, prefer=text_s)
     scripts = {s for s, _ in info} - {None}
-    if not scripts or text_s in scripts or text_s == "LATIN": return text_s
-    return _majority((s for s, _ in info), prefer=text_s)
+    if not scripts or text_s in scripts: return text_s
+    return "LATIN" if latin or len(scripts) > 1 else scripts.pop()
 
 def _restore(ch: str, script: str, number: bool) -> str:
     "`ch` inside a word of `script` (`number`: the word holds an ASCII digit)."
@@ -151,7 +160,7 @@ def _restore(ch: str, script: str, number: bool) -> str:
     if k is None: return ch
     if script == "LATIN" or (number and k.isdigit()): return k
     if s is None or s == script or not k.isalpha(): return ch
-    return native(k, script) or ch
+    return native(k, script) or k
 
 # %% ../nbs/10_methods.ipynb #1f193bf9
 def _breaks(ch: str) -> bool:
@@ -163,13 +172,15 @@ def sanitize(text: str) -> str:
     if not isinstance(text, str): return text
     t = [ch for ch in text if unicodedata.category(ch) != "Cf"]
     text_s, out = text_script(t), []
+    latin = text_s == "LATIN" or any(_info(c) == ("LATIN", None) for c in t)
     for brk, run in groupby(t, key=_breaks):
         for word in ([c] for c in run) if brk else [list(run)]:
-            s, number = _word_script(word, text_s), any(c.isascii() and c.isdigit() for c in word)
-            out += [_restore(c, s, number) for c in word]
-    if text_s != "CJK": return unicodedata.normalize("NFKC", "".join(out))
-    # CJK: full-width punctuation, digits and spaces, half-width kana are native there: NFKC for other letters only
-    return "".join(unicodedata.normalize("NFKC", ch) if _info(ch)[0] not in (None, "CJK") else ch for ch in out)
+            s, number = _word_script(word, text_s, latin), any(c.isascii() and c.isdigit() for c in word)
+            w = "".join(_restore(c, s, number) for c in word)
+            # CJK text: full-width punctuation, digits and spaces, half-width kana are native there and stay; a word of
+            # another script (ＩＢＭ３６０, its digits with its letters) is folded whole
+            out.append(unicodedata.normalize("NFKC", w) if text_s == "CJK" and s != "CJK" else w)
+    return "".join(out) if text_s == "CJK" else unicodedata.normalize("NFKC", "".join(out))
 
 # %% ../nbs/10_methods.ipynb #c2193d07
 # The methods register themselves where they are defined: m0 and m5 above, m1-m4 in stealth_eval.paraphrase
