@@ -17,7 +17,8 @@ import pandas as pd
 from .acceptance import reward_split, write_acceptance
 from .components import BASELINE, DATASETS, DETECTORS, METHODS, dataset_analyses, parse_setting, unedited
 from .core import atomic_write_text, md_tex, read_json, write_json
-from .metrics import calibration_humans, validity_note
+from .metrics import (aurc_rows, calibration_humans, calibrators_of, ece_rows, probability_frame, reliability_bins,
+                                  risk_coverage_rows, source_groups, validity_note)
 
 # %% auto #0
 __all__ = ['ABBREV', 'PALETTE', 'HEATMAP_CMAP', 'IN_REWARD_COLOR', 'COLUMN_IN', 'PAGE_IN', 'MIN_PT', 'DPI', 'HEAT_CELL_IN',
@@ -27,10 +28,11 @@ __all__ = ['ABBREV', 'PALETTE', 'HEATMAP_CMAP', 'IN_REWARD_COLOR', 'COLUMN_IN', 
            'ai_conditions', 'knob_series', 'sim_median', 'method_color', 'palette', 'figure_theme', 'themed',
            'detector_colors', 'heatmap_data', 'heatmap_layout', 'text_color', 'plot_heatmap', 'in_reward_cells',
            'pareto_front', 'tradeoff_data', 'place_labels', 'plot_tradeoff', 'budget_sweep_data', 'plot_budget_sweep',
-           'roc_curve', 'strongest_attack', 'roc_data', 'plot_roc', 'shield_data', 'plot_shield', 'apt_domain_data',
-           'plot_apt_domains', 'plot_beemo_edits', 'fpr_transfer_data', 'plot_fpr_transfer', 'human_attack_data',
-           'attack_styles', 'plot_human_attack', 'detector_models', 'main_table', 'transfer_data', 'transfer_table',
-           'sanitize_rows', 'sanitize_table', 'plot_sanitize', 'mark_non_ascii', 'spread_conditions', 'qual_examples',
+           'roc_curve', 'strongest_attack', 'roc_data', 'plot_roc', 'probability_curves', 'plot_reliability',
+           'plot_risk_coverage', 'shield_data', 'plot_shield', 'apt_domain_data', 'plot_apt_domains',
+           'plot_beemo_edits', 'fpr_transfer_data', 'plot_fpr_transfer', 'human_attack_data', 'attack_styles',
+           'plot_human_attack', 'detector_models', 'main_table', 'transfer_data', 'transfer_table', 'sanitize_rows',
+           'sanitize_table', 'plot_sanitize', 'mark_non_ascii', 'spread_conditions', 'qual_examples',
            'run_figures_stage']
 
 # %% ../nbs/40_figures.ipynb #623d8554
@@ -618,6 +620,102 @@ def plot_roc(scores, r, ds: str, path, valid_set: str = "per_detector") -> dict:
     _save(fig, path)
     return data
 
+# %% ../nbs/40_figures.ipynb #5958038d
+def probability_curves(probs, r, ds: str) -> dict:
+    """{'attack', 'calibrator': {det: name}, 'detectors': {det: {cond: {bins, ece, coverage, risk, aurc, n_human, n_ai}}}}
+    for M0 and the strongest attack on `ds` (defense none): each detector's first calibrator (`metrics.calibrators_of`:
+    Platt, or the provider's probability) read from `metrics.probability_frame`'s P(AI)."""
+    attack = strongest_attack(r, ds)
+    conds = ["m0"] + ([attack] if attack else [])
+    out = {"attack": attack, "calibrator": {}, "detectors": {}}
+    if not len(probs): return out
+    p = probs[(probs["dataset"] == ds) & (probs["defense"] == "none")]
+    has = entries(r, ds)
+    for det in detectors(r, ds):
+        m = calibrators_of(det)[0]
+        q = p[(p["detector"] == det) & (p["calibrator"] == m)]
+        ph = q.loc[q["label"] == "human", "p_ai"].to_numpy(np.float64)
+        if not len(ph): continue
+        for c in conds:
+            pa = q.loc[(q["label"] == "ai") & (q["condition"] == c), "p_ai"].dropna().to_numpy(np.float64)
+            if not len(pa) or (det, c) not in has: continue
+            cov, risk, _ = risk_coverage_rows(ph, pa)
+            out["calibrator"][det] = m
+            out["detectors"].setdefault(det, {})[c] = {"bins": reliability_bins(ph, pa), "ece": float(ece_rows(ph, pa)[0]),
+                                                       "coverage": cov[0], "risk": risk[0], "aurc": float(aurc_rows(ph, pa)[0]),
+                                                       "n_human": int(len(ph)), "n_ai": int(len(pa))}
+    return out
+
+def _panels(n: int) -> tuple:
+    "(figure, axes, columns) of `n` small multiples, four a row at most, one column or a page wide (as `plot_roc`)."
+    plt = _plt()
+    nc = min(n, 4); nr = -(-n // nc)
+    w = COLUMN_IN if nc == 1 else PAGE_IN
+    fig, axes = plt.subplots(nr, nc, figsize=(w, min(w / nc, 2.1) * 0.95 * nr + 0.75), sharex=True, sharey=True,
+                             squeeze=False, layout="constrained")
+    return fig, axes, nc, w
+
+def _label_axes(axes, n: int, nc: int, xlabel: str):
+    "Hide the unused panels; the lowest panel of each column carries the x axis."
+    for k, ax in enumerate(axes.flat):
+        if k >= n: ax.axis("off")
+        elif k + nc >= n: ax.xaxis.set_tick_params(labelbottom=True); ax.set_xlabel(xlabel)
+
+_CALIB_NAMES = {"platt": "Platt", "gaussian2": "two Gaussians", "provider": "provider's own"}
+
+# %% ../nbs/40_figures.ipynb #635de02f
+@themed
+def plot_reliability(probs, r, ds: str, path) -> dict:
+    "Write the reliability diagrams of one dataset (a panel per detector: share of AI texts vs mean P(AI) per bin, M0 and the strongest attack); return the data, {} if none."
+    data = probability_curves(probs, r, ds)
+    if not data["detectors"]: return {}
+    dets = list(data["detectors"])
+    fig, axes, nc, w = _panels(len(dets))
+    cs = conditions(r, dataset=ds)
+    for ax, det in zip(axes.flat, dets):
+        ax.plot([0, 1], [0, 1], ":", color=".35", lw=0.9, label="perfect calibration")
+        ece = []
+        for c, x in data["detectors"][det].items():
+            b = x["bins"][x["bins"]["n"] > 0]
+            line, = ax.plot(b["p_mean"], b["ai_share"], "-o", color=method_color(cs.at[c, "method"]), ms=3, lw=1.1,
+                            label=cs.at[c, "short"] + (" (strongest attack)" if c != "m0" else ""))
+            ece.append((line, f"{x['ece']:.2f}"))
+        ax.set_xlim(-0.02, 1.02); ax.set_ylim(-0.02, 1.02)
+        ax.set_title(det if data["calibrator"][det] == "platt" else f"{det} ({_CALIB_NAMES[data['calibrator'][det]]})")
+        ax.legend(*zip(*ece), title="ECE", loc="upper left", handlelength=1.0, borderaxespad=0.3, labelspacing=0.2)
+    _label_axes(axes, len(dets), nc, "mean P(AI) in the bin")
+    fig.supylabel("share of AI texts")
+    _fig_legend(fig, ncol=2 if w == COLUMN_IN else 4)
+    fig.suptitle(_wrap(f"{ds}: reliability of P(AI) (cross-fitted Platt scaling unless named; 10 equal-width bins; "
+                       "human calibration texts vs the condition's AI texts)", w - 0.2))
+    _save(fig, path)
+    return data
+
+# %% ../nbs/40_figures.ipynb #e4301f9a
+@themed
+def plot_risk_coverage(probs, r, ds: str, path) -> dict:
+    "Write the risk-coverage curves of one dataset (a panel per detector, M0 and the strongest attack, AURC in the legend); return the data, {} if none."
+    data = probability_curves(probs, r, ds)
+    if not data["detectors"]: return {}
+    dets = list(data["detectors"])
+    fig, axes, nc, w = _panels(len(dets))
+    cs = conditions(r, dataset=ds)
+    for ax, det in zip(axes.flat, dets):
+        aurc = []
+        for c, x in data["detectors"][det].items():
+            line, = ax.plot(x["coverage"], x["risk"], "-", color=method_color(cs.at[c, "method"]), lw=1.2,
+                            label=cs.at[c, "short"] + (" (strongest attack)" if c != "m0" else ""))
+            aurc.append((line, f"{x['aurc']:.2f}"))
+        ax.set_xlim(0, 1.02); ax.set_ylim(-0.02, 1.02)
+        ax.set_title(det if data["calibrator"][det] == "platt" else f"{det} ({_CALIB_NAMES[data['calibrator'][det]]})")
+        ax.legend(*zip(*aurc), title="AURC", loc="best", handlelength=1.0, borderaxespad=0.3, labelspacing=0.2)
+    _label_axes(axes, len(dets), nc, "coverage")
+    fig.supylabel("risk (error rate of P(AI) ≥ 0.5)")
+    _fig_legend(fig, ncol=2 if w == COLUMN_IN else 4)
+    fig.suptitle(_wrap(f"{ds}: risk–coverage of P(AI) (the most confident texts first: max(P, 1 − P); cross-fitted Platt scaling unless named)", w - 0.2))
+    _save(fig, path)
+    return data
+
 # %% ../nbs/40_figures.ipynb #017fafae
 SHIELD_KNOBS = ("p", "rounds")
 
@@ -1121,6 +1219,9 @@ def run_figures_stage(cfg: dict) -> list:
     sim_name = cfg.get("embedder", "embedder")
     scores = pd.read_parquet(out / "scores.parquet")
     written, notes = [], {}
+    need = {"dataset", "defense", "candidate_rank", "label", "condition", "sample_id", "detector_name", "detector_score_ai"}
+    probs = (probability_frame(scores, cfg, source_groups(out, sorted(scores["dataset"].unique())))   # P(AI) as the metrics stage has it
+             if need <= set(scores.columns) else pd.DataFrame())
     fig, tab = out / "figures", out / "tables"
     for i, ds in enumerate(sorted(set(r["dataset"]))):
         reward = in_reward_cells(cfg, heatmap_data(r, ds)[1])
@@ -1136,6 +1237,10 @@ def run_figures_stage(cfg: dict) -> list:
         roc_path = fig / f"fig_roc_{ds}.png"
         if plot_roc(scores, r, ds, roc_path, metrics_module.valid_set(cfg)): written.append(roc_path)
         else: notes[_rel(roc_path, out)] = "no detector has both a valid unedited human text to calibrate on and a scored AI text"
+        for name, plot in (("fig_reliability", plot_reliability), ("fig_risk_coverage", plot_risk_coverage)):
+            p_ = fig / f"{name}_{ds}.png"
+            if plot(probs, r, ds, p_): written.append(p_)
+            else: notes[_rel(p_, out)] = "no detector has a P(AI) (unedited human and AI texts to calibrate on) and a scored AI text"
         ha_path, ha = fig / f"fig_fpr_attack_{ds}.png", table[(table["family"] == "human_attack") & (table["dataset"] == ds)]
         if len(ha) and plot_human_attack(table, ds, ha_path, metrics_module._pick_alpha(ha)): written.append(ha_path)
         else: notes[_rel(ha_path, out)] = "no attack ran on this dataset's human texts (setting human_attacks) with a calibrated detector"

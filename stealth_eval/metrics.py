@@ -16,16 +16,20 @@ from .core import md_tex, stable_hash, write_json
 
 # %% auto #0
 __all__ = ['SHIELD_K', 'SHIELD_LAMBDA', 'WAUROC_TIES', 'YOUDEN_TIES', 'APT_CALIB_PREFIX', 'APT_FPR_VARIANT', 'BEEMO_EDIT_BINS',
-           'BEEMO_CATEGORIES', 'LENGTH_BINS', 'TABLE_COLS', 'HIGHER_IS_BETTER', 'RESULT_FILES', 'threshold_at_fpr',
-           'auroc_rows', 'tpr_rows', 'bootstrap_indices', 'detector_metrics', 'valid_set', 'invalid_reasons',
-           'human_draw', 'calibration_humans', 'calibration_sets', 'measured', 'left_out_note', 'human_scores',
-           'condition_scores', 'common_view', 'compute_metrics', 'roc_counts_rows', 'wauroc_rows', 'youden_rows', 'sfd',
-           'urss', 'shield_choices', 'compute_shield', 'tau_rows', 'fit_youden_threshold', 'tau_cv', 'compute_tau',
-           'tau_table2', 'polish_level', 'threshold_max_accuracy', 'accuracy_rows', 'compute_apt', 'beemo_version',
-           'edit_range_labels', 'edit_range', 'beemo_edit_facts', 'compute_beemo', 'bin_labels', 'length_bin',
-           'masked_rate_rows', 'compute_deployment', 'compute_human_attacks', 'metrics_long', 'metrics_json_from_table',
-           'sample_counts', 'results_info', 'output_polishers', 'run_metrics_stage', 'metrics_table',
-           'detector_validity', 'validity_note', 'extra_tables']
+           'BEEMO_CATEGORIES', 'LENGTH_BINS', 'PLATT_L2', 'PLATT_MAX_ITER', 'PLATT_TOL', 'P_CLIP', 'ECE_BINS',
+           'PROVIDER_PROBABILITY', 'CALIBRATOR_FITS', 'CALIBRATION_SPLIT', 'TABLE_COLS', 'HIGHER_IS_BETTER',
+           'RESULT_FILES', 'threshold_at_fpr', 'auroc_rows', 'tpr_rows', 'bootstrap_indices', 'detector_metrics',
+           'valid_set', 'invalid_reasons', 'human_draw', 'calibration_humans', 'calibration_sets', 'measured',
+           'left_out_note', 'human_scores', 'condition_scores', 'common_view', 'compute_metrics', 'roc_counts_rows',
+           'wauroc_rows', 'youden_rows', 'sfd', 'urss', 'shield_choices', 'compute_shield', 'tau_rows',
+           'fit_youden_threshold', 'tau_cv', 'compute_tau', 'tau_table2', 'polish_level', 'threshold_max_accuracy',
+           'accuracy_rows', 'compute_apt', 'beemo_version', 'edit_range_labels', 'edit_range', 'beemo_edit_facts',
+           'compute_beemo', 'bin_labels', 'length_bin', 'masked_rate_rows', 'compute_deployment',
+           'compute_human_attacks', 'platt_fit', 'platt_apply', 'gaussian2_fit', 'gaussian2_apply', 'aupr_rows',
+           'brier_rows', 'ece_rows', 'reliability_bins', 'decision_rows', 'risk_coverage_rows', 'aurc_rows',
+           'calibrators_of', 'calibration_folds', 'source_groups', 'compute_probability', 'probability_frame',
+           'metrics_long', 'metrics_json_from_table', 'sample_counts', 'results_info', 'output_polishers',
+           'run_metrics_stage', 'metrics_table', 'detector_validity', 'validity_note', 'extra_tables']
 
 # %% ../nbs/30_calibration_metrics.ipynb #57c2c967
 def threshold_at_fpr(h, alpha: float):
@@ -314,7 +318,7 @@ def roc_counts_rows(H, A):
     X = np.concatenate([H, np.where(valid, A, -np.inf)], axis=1)            # invalid AI: last, weight 0
     wh = np.concatenate([np.ones(H.shape), np.zeros(A.shape)], axis=1)
     wa = np.concatenate([np.zeros(H.shape), valid.astype(np.float64)], axis=1)
-    o = np.argsort(-X, axis=1, kind="stable")                              # descending score = decreasing threshold
+    o = np.argsort(-X, axis=1)             # descending score = decreasing threshold; any order among ties (each reads its group's end)
     Xs = np.take_along_axis(X, o, 1)
     ch, ca = np.cumsum(np.take_along_axis(wh, o, 1), 1), np.cumsum(np.take_along_axis(wa, o, 1), 1)
     n = X.shape[1]
@@ -1125,6 +1129,335 @@ def compute_human_attacks(scores, cfg: dict) -> list:
     return rows
 
 
+# %% ../nbs/30_calibration_metrics.ipynb #c127fe9a
+PLATT_L2, PLATT_MAX_ITER, PLATT_TOL = 1e-2, 200, 1e-6   # MGT-Eval's platt_lr (src/calibration/platt.py): its defaults
+P_CLIP = 1e-6                                           # ... and its apply_platt: P(AI) kept in [1e-6, 1 - 1e-6]
+
+def _wstats(s, W) -> tuple:
+    "Weighted mean and population standard deviation of `s` (n,) per row of weights `W` (R, n) (weights of NaN scores: 0)."
+    sw = W.sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mu = (W * s).sum(1) / sw
+        return mu, np.sqrt((W * (s - mu[:, None]) ** 2).sum(1) / sw)
+
+def platt_fit(s, y, W=None, l2: float = PLATT_L2, max_iter: int = PLATT_MAX_ITER, tol: float = PLATT_TOL) -> dict:
+    """Platt scaling as MGT-Eval fits it: P(AI) = sigmoid(b0 + b1 z), z = (s - mean) / std over the fitted texts (std 1
+    below 1e-12), Newton steps (IRLS) from (0, 1) with an L2 penalty `l2` on b1 only, stopping at a step under `tol` or a
+    singular Hessian. One fit per row of weights `W` (R, n) (a text's weight: how often a resample drew it; NaN: 0)."""
+    s, y = np.asarray(s, np.float64), np.asarray(y, np.float64)
+    W = np.ones((1, len(s))) if W is None else np.atleast_2d(np.asarray(W, np.float64))
+    W = np.where(np.isnan(s), 0.0, W); s = np.where(np.isnan(s), 0.0, s)
+    mu, sd = _wstats(s, W)
+    sd = np.where(sd > 1e-12, sd, 1.0)
+    X = (s - mu[:, None]) / sd[:, None]
+    b0, b1, live = np.zeros(len(W)), np.ones(len(W)), np.ones(len(W), dtype=bool)
+    for _ in range(max_iter):
+        i = np.flatnonzero(live)
+        if not len(i): break
+        x, w = X[i], W[i]
+        with np.errstate(over="ignore"): p = 1.0 / (1.0 + np.exp(-(b0[i, None] + b1[i, None] * x)))
+        r, v = w * (p - y), w * (p * (1.0 - p) + 1e-12)
+        g0, g1 = r.sum(1), (r * x).sum(1) + l2 * b1[i]
+        h00, h01, h11 = v.sum(1), (v * x).sum(1), (v * x * x).sum(1) + l2
+        det = h00 * h11 - h01 * h01
+        sing = np.abs(det) < 1e-12
+        with np.errstate(invalid="ignore", divide="ignore"):
+            d0, d1 = -(h11 * g0 - h01 * g1) / det, -(-h01 * g0 + h00 * g1) / det
+        ok = ~sing
+        b0[i[ok]] += d0[ok]; b1[i[ok]] += d1[ok]
+        live[i[sing | (np.maximum(np.abs(d0), np.abs(d1)) < tol)]] = False
+    return {"b0": b0, "b1": b1, "mean": mu, "std": sd}
+
+def platt_apply(s, fit: dict):
+    "P(AI) of scores `s` under a Platt fit (arrays broadcast against `s`), as MGT-Eval applies it: z clipped to +-80, P to [1e-6, 1 - 1e-6]."
+    z = np.clip(fit["b0"] + fit["b1"] * (np.asarray(s, np.float64) - fit["mean"]) / fit["std"], -80.0, 80.0)
+    return np.clip(1.0 / (1.0 + np.exp(-z)), P_CLIP, 1.0 - P_CLIP)
+
+# %% ../nbs/30_calibration_metrics.ipynb #d5b90460
+def gaussian2_fit(s, y, W=None) -> dict:
+    """Fast-DetectGPT's two Gaussians (scripts/local_infer.py): mu0, sigma0 = mean and standard deviation of the human
+    scores, mu1 = mean of the AI scores, sigma1 = 2 sigma0 (its comment: 'to make sure of a wider coverage of potential AI
+    texts'); one fit per row of weights `W` (R, n)."""
+    s, y = np.asarray(s, np.float64), np.asarray(y, np.float64)
+    W = np.ones((1, len(s))) if W is None else np.atleast_2d(np.asarray(W, np.float64))
+    W = np.where(np.isnan(s), 0.0, W); s = np.where(np.isnan(s), 0.0, s)
+    mu0, sd0 = _wstats(s, W * (y == 0))
+    mu1, _ = _wstats(s, W * (y == 1))
+    return {"mu0": mu0, "sigma0": sd0, "mu1": mu1, "sigma1": 2 * sd0}
+
+def gaussian2_apply(s, fit: dict):
+    """P(AI) = N(s; mu1, sigma1) / (N(s; mu0, sigma0) + N(s; mu1, sigma1)) (equal priors, the reference's
+    compute_prob_norm), computed from the log densities: the same number wherever the reference's ratio is defined."""
+    from scipy.special import expit
+    s = np.asarray(s, np.float64)
+    ll = lambda mu, sd: -0.5 * ((s - mu) / sd) ** 2 - np.log(sd)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return expit(ll(fit["mu1"], fit["sigma1"]) - ll(fit["mu0"], fit["sigma0"]))
+
+# %% ../nbs/30_calibration_metrics.ipynb #d0424f7b
+ECE_BINS = 10   # equal-width bins of P(AI) (MGT-Eval's _ece_brier: bin = min(9, int(10 p)))
+
+def aupr_rows(H, A):
+    """Area under the precision-recall curve with AI as the positive class, per row of human scores H (B, nh) and AI
+    scores A (B, na) (NaN AI: left out): trapezoids through (recall 0, precision 1) and the point after each distinct
+    score, as scikit-learn's precision_recall_curve + auc (Fast-DetectGPT's and DetectRL's get_precision_recall_metrics)."""
+    CH, CA, nh, nv = roc_counts_rows(H, A)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        R = CA / nv[:, None]
+        P = np.where(CA + CH > 0, CA / np.maximum(CA + CH, 1), 1.0)   # the origin: precision 1 (sklearn's last point)
+        out = ((R[:, 1:] - R[:, :-1]) * (P[:, 1:] + P[:, :-1]) / 2).sum(1)
+    return np.where(nv > 0, out, np.nan)
+
+# %% ../nbs/30_calibration_metrics.ipynb #56b7f4bf
+def _labelled(Ph, Pa) -> tuple:
+    "P(AI) of both classes side by side (B, nh + na), their labels (0 human, 1 AI) and which are valid (not NaN)."
+    Ph, Pa = np.atleast_2d(np.asarray(Ph, np.float64)), np.atleast_2d(np.asarray(Pa, np.float64))
+    Bn = max(len(Ph), len(Pa))
+    P = np.concatenate([np.broadcast_to(Ph, (Bn, Ph.shape[1])), np.broadcast_to(Pa, (Bn, Pa.shape[1]))], 1)
+    Y = np.concatenate([np.zeros((Bn, Ph.shape[1])), np.ones((Bn, Pa.shape[1]))], 1)
+    return P, Y, ~np.isnan(P)
+
+def brier_rows(Ph, Pa):
+    "Brier score per row: the mean of (P(AI) - y)^2 over the valid human (y = 0) and AI (y = 1) texts (sklearn's brier_score_loss)."
+    P, Y, V = _labelled(Ph, Pa)
+    with np.errstate(invalid="ignore", divide="ignore"): return np.where(V, (P - Y) ** 2, 0).sum(1) / V.sum(1)
+
+def ece_rows(Ph, Pa, bins: int = ECE_BINS):
+    """Expected calibration error per row: bins [k/bins, (k+1)/bins) of P(AI) (the last closed), sum over bins of
+    n_bin / n |mean P(AI) - share of AI texts| (MGT-Eval's _ece_brier)."""
+    P, Y, V = _labelled(Ph, Pa)
+    Bn = len(P)
+    b = np.minimum(bins - 1, np.floor(np.where(V, P, 0) * bins)).astype(np.int64) + bins * np.arange(Bn)[:, None]
+    sp = np.bincount(b[V], weights=P[V], minlength=Bn * bins).reshape(Bn, bins)
+    sy = np.bincount(b[V], weights=Y[V], minlength=Bn * bins).reshape(Bn, bins)
+    with np.errstate(invalid="ignore", divide="ignore"): return np.abs(sp - sy).sum(1) / V.sum(1)
+
+def reliability_bins(ph, pa, bins: int = ECE_BINS):
+    "One row per bin of P(AI) (as `ece_rows`): its edges, n, mean P(AI) and share of AI texts (NaN where empty): the reliability curve."
+    P, Y, V = (x[0] for x in _labelled(ph, pa))
+    p, y = P[V], Y[V]
+    k = np.minimum(bins - 1, np.floor(p * bins)).astype(np.int64)
+    n = np.bincount(k, minlength=bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return pd.DataFrame({"lo": np.arange(bins) / bins, "hi": np.arange(1, bins + 1) / bins, "n": n,
+                             "p_mean": np.bincount(k, weights=p, minlength=bins) / n,
+                             "ai_share": np.bincount(k, weights=y, minlength=bins) / n})
+
+# %% ../nbs/30_calibration_metrics.ipynb #c15c70ad
+def decision_rows(Ph, Pa) -> dict:
+    """Per row, from P(AI): F1 and accuracy of the decision P(AI) >= 0.5 (MGT-Eval's y_score >= 0.5); PAN's C@1, F0.5u
+    and 1 - Brier, where P(AI) = 0.5 exactly is an abstention (pan25 evaluator.py: c_at_1, f05u, brier_score)."""
+    P, Y, V = _labelled(Ph, Pa)
+    ai, hu = (Y == 1) & V, (Y == 0) & V
+    n = V.sum(1)
+    tp, fn = (ai & (P >= 0.5)).sum(1), (ai & (P < 0.5)).sum(1)
+    fp, tn = (hu & (P >= 0.5)).sum(1), (hu & (P < 0.5)).sum(1)
+    u = V & (P == 0.5)
+    nu = u.sum(1)
+    nc = (V & ~u & ((P > 0.5) == (Y == 1))).sum(1)                      # answered and right
+    tpu, fnu, fpu = (ai & (P > 0.5)).sum(1), (ai & (P < 0.5)).sum(1), (hu & (P > 0.5)).sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        d = 1.25 * tpu + 0.25 * (fnu + nu) + fpu
+        return {"f1": 2 * tp / (2 * tp + fp + fn), "accuracy": (tp + tn) / n, "c_at_1": (nc + nu * nc / n) / n,
+                "f05u": np.where(d > 0, 1.25 * tpu / np.where(d > 0, d, 1), np.nan),
+                "one_minus_brier": 1 - np.where(V, (np.clip(P, 0, 1) - Y) ** 2, 0).sum(1) / n}
+
+# %% ../nbs/30_calibration_metrics.ipynb #c503cea8
+def risk_coverage_rows(Ph, Pa) -> tuple:
+    """The risk-coverage curve per row (MGT-Eval's _risk_coverage): texts by decreasing confidence max(P, 1 - P), the
+    risk at coverage k/n the error rate of the decision P(AI) >= 0.5 on the k most confident; texts of equal confidence
+    take their expected risk over the orders among them. (coverage (B, n), risk (B, n), n valid (B,)): the points past a
+    row's n valid are NaN."""
+    P, Y, V = _labelled(Ph, Pa)
+    Bn, n = P.shape
+    conf = np.where(V, np.maximum(P, 1 - P), -np.inf)
+    o = np.argsort(-conf, axis=1)                                        # the order among ties does not matter: below
+    C = np.take_along_axis(conf, o, 1)
+    E = np.cumsum(np.take_along_axis(V & ((P >= 0.5) != (Y == 1)), o, 1), 1).astype(np.float64)
+    j = np.arange(n)
+    start, end = np.ones((Bn, n), dtype=bool), np.ones((Bn, n), dtype=bool)
+    start[:, 1:] = end[:, :-1] = C[:, 1:] != C[:, :-1]                   # a tie group's first and last position
+    first = np.maximum.accumulate(np.where(start, j, 0), axis=1)
+    last = np.minimum.accumulate(np.where(end, j, n)[:, ::-1], axis=1)[:, ::-1]
+    E0 = np.where(first > 0, np.take_along_axis(E, np.maximum(first - 1, 0), 1), 0.0)
+    E1 = np.take_along_axis(E, last, 1)
+    Ek = E0 + (j - first + 1) * (E1 - E0) / (last - first + 1)            # expected errors among the k most confident
+    nv = V.sum(1)
+    keep = j[None, :] < nv[:, None]
+    return np.where(keep, (j + 1) / np.maximum(nv, 1)[:, None], np.nan), np.where(keep, Ek / (j + 1), np.nan), nv
+
+def aurc_rows(Ph, Pa):
+    "Area under the risk-coverage curve per row: the mean risk over coverages k/n, k = 1..n (Geifman & El-Yaniv's AURC)."
+    _, risk, nv = risk_coverage_rows(Ph, Pa)
+    with np.errstate(invalid="ignore", divide="ignore"): return np.where(nv > 0, np.nansum(risk, 1) / nv, np.nan)
+
+# %% ../nbs/30_calibration_metrics.ipynb #9aa60fb0
+PROVIDER_PROBABILITY = ("gptzero", "originality_ai", "sapling")   # API detectors whose documented score is a probability of AI
+
+def calibrators_of(det: str) -> list:
+    """How detector `det` gets a P(AI): 'provider' (its API's own probability, as is) for `PROVIDER_PROBABILITY`; else
+    'platt' (Platt scaling on the standardised score), with 'gaussian2' (Fast-DetectGPT's two-Gaussian posterior) beside
+    it for the Fast-DetectGPT criterion (`fast_detectgpt` and its other model pairs, `fast_detectgpt_*`)."""
+    if det in PROVIDER_PROBABILITY: return ["provider"]
+    return ["platt"] + (["gaussian2"] if det == "fast_detectgpt" or det.startswith("fast_detectgpt_") else [])
+
+CALIBRATOR_FITS = {"platt": (platt_fit, platt_apply), "gaussian2": (gaussian2_fit, gaussian2_apply)}
+
+def calibration_folds(units, K: int, key) -> dict:
+    "unit -> fold in 0..K-1: a permutation of the sorted units, seeded by `key`, dealt to the folds in turn (as `tau_cv`)."
+    units = sorted(set(units), key=str)
+    perm = np.random.default_rng(int(stable_hash(list(key))[:8], 16)).permutation(len(units))
+    return {units[p]: r % K for r, p in enumerate(perm)}
+
+# %% ../nbs/30_calibration_metrics.ipynb #853672af
+def source_groups(out_dir, datasets) -> dict:
+    "(dataset, sample id) -> source id of every text in the run's data/<dataset>.jsonl (a human document and its AI continuation share one)."
+    import json
+    from stealth_eval.data import dataset_path
+    out = {}
+    for ds in datasets:
+        p = dataset_path(out_dir, ds)
+        if not p.exists(): continue
+        with p.open(encoding="utf-8") as f:
+            for line in f:
+                r = json.loads(line) if line.strip() else {}
+                if r.get("source_id") not in (None, ""): out[ds, str(r["id"])] = str(r["source_id"])
+    return out
+
+def _fold_rule(c: dict, cfg: dict, groups: dict) -> tuple:
+    """(fold of a sample id, K) of calibration set `c`: the units are the sources (`groups`, else the sample ids) of its
+    unedited texts, human and AI, dealt to K = max(2, min(calibration_folds, units)) folds (the same in every defense); a
+    text outside the calibration split (a benchmark's own edited AI texts) takes a fold from the hash of its unit."""
+    ds = c["dataset"]
+    unit = lambda i: groups.get((ds, str(i)), str(i))
+    base = next((u for u, cs in c["groups"].items() if c["orig"] in cs), ())
+    units = {unit(i) for i in list(c["hum"].index) + list(base)}
+    from stealth_eval.schema import Settings
+    K = max(2, min(int(cfg.get("calibration_folds") or Settings().calibration_folds), max(len(units), 1)))
+    key = (cfg["seed"], ds, "calibration-folds")
+    fold = calibration_folds(units, K, key)
+    return (lambda i: fold.get(unit(i), int(stable_hash([*key, unit(i)])[:8], 16) % K)), K
+
+def _counts(idx, n: int) -> np.ndarray:
+    "(B, n) how often each of n texts is drawn in each resample of `idx` (B, m)."
+    Bn = len(idx)
+    return np.bincount((np.arange(Bn)[:, None] * n + idx).ravel(), minlength=Bn * n).reshape(Bn, n).astype(np.float64)
+
+# %% ../nbs/30_calibration_metrics.ipynb #b87dea99
+def _calibration(c: dict, det: str, m: str, fold_of, K: int, boot: bool = True) -> dict:
+    """`det`'s P(AI) under calibrator `m` in calibration set `c`: {'human': (P (1, n_h), P of each resample (B, n_h)),
+    'ai': {condition: (P (1, n), resampled (B, n))}, 'fits', 'fit_all', 'n_human', 'n_ai'}, or {'failed': why}. Fitted per
+    fold on the unedited texts outside it, in every resample on that resample's texts (weights: how often each is drawn)."""
+    h, hid, ih = human_scores(c, det)
+    conds = condition_scores(c, det)
+    cond_ids = {cond: u for u, cs in c["groups"].items() for cond in cs}
+    fh = np.array([fold_of(i) for i in hid], dtype=np.int64)
+    resampled = lambda P, idx: np.take_along_axis(P, idx, 1) if boot else None
+    if m == "provider":                     # the API's probability as is: nothing fitted
+        bad = [x for x in [h] + [a for a, _ in conds.values()] if np.any((x < 0) | (x > 1))]
+        if bad: return {"failed": f"{det}: a score outside [0, 1]: not a probability"}
+        return {"human": (h[None], resampled(h[None].repeat(len(ih), 0), ih) if boot else None),
+                "ai": {cc: (a[None], resampled(a[None].repeat(len(ia), 0), ia) if boot else None) for cc, (a, ia) in conds.items()},
+                "n_human": len(h), "n_ai": int((~np.isnan(conds[c["orig"]][0])).sum()) if c["orig"] in conds else 0}
+    if c["orig"] not in conds or c["no_ai"].get(c["orig"], {}).get(det):
+        why = c["no_ai"].get(c["orig"], {}).get(det) or f"no AI text of {c['orig']}"
+        return {"failed": f"no valid unedited AI text ({c['orig']}) to fit P(AI) on: {why}"}
+    fit, apply = CALIBRATOR_FITS[m]
+    a0, ia0 = conds[c["orig"]]
+    fa0 = np.array([fold_of(i) for i in cond_ids[c["orig"]]], dtype=np.int64)
+    s, y, f = np.r_[h, a0], np.r_[np.zeros(len(h)), np.ones(len(a0))], np.r_[fh, fa0]
+    W = np.concatenate([_counts(ih, len(h)), _counts(ia0, len(a0))], 1) if boot else None
+    fits = [fit(s, y, (f != k)[None].astype(np.float64)) for k in range(K)]
+    stack = lambda fs: {p: np.stack([x[p] for x in fs], 1) for p in fs[0]}      # each parameter (R, K)
+    P1 = stack(fits)
+    PB = stack([fit(s, y, W * (f != k)) for k in range(K)]) if boot else None
+    at = lambda F, x, fx: apply(x[None], {p: v[:, fx] for p, v in F.items()})     # P (R, n) of scores x in folds fx
+    out = {"fits": [{p: float(v[0]) for p, v in x.items()} for x in fits],
+           "fit_all": {p: float(v[0]) for p, v in fit(s, y).items()},
+           "human": (at(P1, h, fh), resampled(at(PB, h, fh), ih) if boot else None), "ai": {},
+           "n_human": len(h), "n_ai": int((~np.isnan(a0)).sum())}
+    for cc, (a, ia) in conds.items():
+        fa = np.array([fold_of(i) for i in cond_ids[cc]], dtype=np.int64)
+        out["ai"][cc] = (at(P1, a, fa), resampled(at(PB, a, fa), ia) if boot else None)
+    return out
+
+# %% ../nbs/30_calibration_metrics.ipynb #80387b93
+CALIBRATION_SPLIT = ("cross-fitted on the unedited texts ({orig}: the human texts the thresholds are fitted on and the "
+                     "original AI texts), {K} folds by source: each text's P(AI) comes from the calibrator fitted on the "
+                     "other folds, never on itself or its source")
+
+def compute_probability(scores, cfg: dict, groups: dict | None = None) -> list:
+    """Family `probability` (records for `metrics_long`): per (dataset, defense, detector, condition) the AUPR of the
+    scores (AI positive) and, per calibrator of the detector (`calibrators_of`), ECE, Brier, AURC, F1 and accuracy at
+    P(AI) >= 0.5, PAN's C@1, F0.5u and 1 - Brier, with bootstrap intervals (the calibrators refitted in every resample);
+    per (dataset, defense, detector, calibrator) one row set of the fit (condition None)."""
+    level = cfg["ci_level"]
+    if groups is None and "source_id" in scores.columns:
+        groups = {(d, str(i)): str(g) for d, i, g in zip(scores["dataset"], scores["sample_id"], scores["source_id"])}
+    groups, rows = groups or {}, []
+    for c in calibration_sets(scores, cfg):
+        ds, defense, orig = c["dataset"], c["defense"], c["orig"]
+        fold_of, K = _fold_rule(c, cfg, groups)
+        for det in c["dets"]:
+            if det not in c["human"]:           # no calibration: said once per calibrator (the reason: the main family's)
+                for m in calibrators_of(det):
+                    rows.append(_dep_row("probability", ds, det, defense, None, m, None,
+                                         {"calibrator": m, "status": "failed", "reason": "no calibration: " + c["failed"][det]}))
+                continue
+            h, _, ih = human_scores(c, det)
+            conds = condition_scores(c, det)
+            ok = [cc for cc in conds if not c["no_ai"][cc].get(det)]       # a condition with no valid AI text: no number
+            for cc in ok:
+                a, ia = conds[cc]
+                rows.append(_dep_row("probability", ds, det, defense, "ai", None, None,
+                                     {"n_human": len(h), "n_ai": int((~np.isnan(a)).sum()), "n_ai_invalid": int(np.isnan(a).sum()),
+                                      **_summarise("aupr", aupr_rows(h, a)[0], aupr_rows(h[ih], a[ia]), level)}, cc))
+            for m in calibrators_of(det):
+                cal = _calibration(c, det, m, fold_of, K)
+                fit = {"calibrator": m}
+                if "failed" in cal:
+                    rows.append(_dep_row("probability", ds, det, defense, None, m, None, {**fit, "status": "failed", "reason": cal["failed"]}))
+                    continue
+                fit.update({"n_human": cal["n_human"], "n_ai": cal["n_ai"]})
+                if m == "provider": fit["split"] = "none: the provider's own probability, as is"
+                else: fit.update({"folds": K, "split": CALIBRATION_SPLIT.format(orig=orig, K=K),   # each fold's fit, then the whole split's
+                                  "fits": [{"fold": k, **x} for k, x in enumerate(cal["fits"])] + [{"fold": "all", **cal["fit_all"]}]})
+                rows.append(_dep_row("probability", ds, det, defense, None, m, None, fit))
+                ph, phb = cal["human"]
+                for cc in ok:
+                    pa, pab = cal["ai"][cc]
+                    e = {"n_human": int((~np.isnan(ph)).sum()), "n_ai": int((~np.isnan(pa)).sum()), "n_ai_invalid": int(np.isnan(pa).sum())}
+                    for name, fn in (("ece", ece_rows), ("brier", brier_rows), ("aurc", aurc_rows)):
+                        e.update(_summarise(name, fn(ph, pa)[0], fn(phb, pab), level))
+                    d, db = decision_rows(ph, pa), decision_rows(phb, pab)
+                    for k in ("f1", "accuracy", "c_at_1", "f05u", "one_minus_brier"): e.update(_summarise(k, d[k][0], db[k], level))
+                    rows.append(_dep_row("probability", ds, det, defense, "ai", m, None, e, cc))
+    return rows
+
+def probability_frame(scores, cfg: dict, groups: dict | None = None):
+    """Every scored text's P(AI) (no resampling): one row per (dataset, defense, detector, calibrator, condition, label,
+    sample_id) with its AI-oriented `score`, `fold` and `p_ai`, from the fits `compute_probability` reports."""
+    if groups is None and "source_id" in scores.columns:
+        groups = {(d, str(i)): str(g) for d, i, g in zip(scores["dataset"], scores["sample_id"], scores["source_id"])}
+    groups, parts = groups or {}, []
+    for c in calibration_sets(scores, {**cfg, "n_bootstrap": 1}):
+        fold_of, K = _fold_rule(c, cfg, groups)
+        cond_ids = {cond: u for u, cs in c["groups"].items() for cond in cs}
+        for det in c["calibrated"]:
+            h, hid, _ = human_scores(c, det)
+            conds = condition_scores(c, det)
+            for m in calibrators_of(det):
+                cal = _calibration(c, det, m, fold_of, K, boot=False)
+                if "failed" in cal: continue
+                part = [("human", c["orig"], list(hid), h, cal["human"][0][0])]
+                part += [("ai", cc, list(cond_ids[cc]), conds[cc][0], cal["ai"][cc][0][0]) for cc in conds]
+                for lab, cc, ids, x, p in part:
+                    parts.append(pd.DataFrame({"dataset": c["dataset"], "defense": c["defense"], "detector": det, "calibrator": m,
+                                               "condition": cc, "label": lab, "sample_id": ids, "score": x,
+                                               "fold": [fold_of(i) for i in ids], "p_ai": p}))
+    cols = ["dataset", "defense", "detector", "calibrator", "condition", "label", "sample_id", "score", "fold", "p_ai"]
+    return pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
+
 # %% ../nbs/30_calibration_metrics.ipynb #ac0f81e7
 import json as _json
 import re as _re
@@ -1140,10 +1473,11 @@ _COUNTS = {"n_human": "n_human", "n_ai": "n_ai", "n_ai_invalid": "n_invalid", "n
 _FPR_BASES = ("delta_tpr", "tpr", "asr", "threshold", "fpr", "flag_rate", "n_flagged")
 _FPR_KEY = _re.compile(r"(?P<pre>" + "|".join(_FPR_BASES) + r")(?P<k>1|@[0-9.eE+-]+)(?P<post>_[a-z]+)?")
 HIGHER_IS_BETTER = {**dict.fromkeys(["auc", "tpr", "tpr_pooled", "accuracy_acc", "accuracy_fpr5", "tpr_orig", "delta_tpr", "wauroc", "wauroc_mean", "auc_mean", "youden_tpr", "youden_j",
-                                     "sfd", "urss", "tau", "tau_two_sided", "tau_cv"], True),
+                                     "sfd", "urss", "tau", "tau_two_sided", "tau_cv",
+                                     "aupr", "f1", "accuracy", "c_at_1", "f05u", "one_minus_brier"], True),
                     **dict.fromkeys(["asr", "fpr_human", "fpr_achieved", "fpr_realised", "fpr_human_pooled", "flag_rate_acc",
                                      "flag_rate_fpr5", "fpr_calib", "fpr_calib_acc", "fpr_calib_fpr5", "flag_rate", "fpr_neg", "sigma_fpr", "risk", "risk_cv",
-                                     "fpr", "fpr_clean", "delta_fpr"], False)}
+                                     "fpr", "fpr_clean", "delta_fpr", "ece", "brier", "aurc"], False)}
 
 def _split_key(key: str) -> tuple:
     "(metric, fpr_target) of a result-file key: 'tpr1_orig' -> ('tpr_orig', 0.01), 'asr' -> ('asr', 0.01), 'auc' -> ('auc', None)."
@@ -1301,7 +1635,9 @@ RESULT_FILES = {
                        "n_detectors, higher_is_better, detail; every file below but quality is a view of it; family human_attack (setting "
                        "human_attacks): per attack run on human texts too, the FPR of the clean-human threshold on the attacked "
                        "human texts (fpr, fpr_clean, delta_fpr) beside the TPR and ASR on the attacked AI texts, group = the "
-                       "attack's AI condition",
+                       "attack's AI condition; family probability: the AUPR of the scores (group None) and, per calibrator of P(AI) "
+                       "(group platt, gaussian2 or provider), ECE, Brier, AURC, F1 and accuracy at P(AI) >= 0.5, PAN's C@1, F0.5u "
+                       "and 1 - Brier, and each calibrator's fit (condition None: its split, folds and parameters in detail)",
     "metrics.json": "spec §10.3, written from metrics.parquet: dataset -> detector | 'mean' (over detectors) -> condition -> "
                     "{label, defense, counts, auc, tpr1, tpr1_orig, asr, delta_tpr1, threshold1, fpr1_human or flag_rate1, each "
                     "number with _mean, _ci_low, _ci_high}; a detector with no valid human text to calibrate on (setting valid_set): "
@@ -1371,7 +1707,7 @@ def output_polishers(scores) -> dict:
 
 # %% ../nbs/30_calibration_metrics.ipynb #177dbfd2
 def run_metrics_stage(cfg: dict) -> dict:
-    "Write thresholds.json, metrics.parquet, metrics.json (from it), the SHIELD, tau, APT-Eval and Beemo files and results.json."
+    "Write thresholds.json, metrics.parquet (P(AI) and the metrics of the field too), metrics.json (from it), the SHIELD, tau, APT-Eval and Beemo files and results.json."
     import pandas as pd
     out = Path(cfg["out_dir"])
     scores = pd.read_parquet(out / "scores.parquet")
@@ -1380,6 +1716,7 @@ def run_metrics_stage(cfg: dict) -> dict:
     shield, tau = compute_shield(scores, cfg), compute_tau(scores, cfg)
     apt, beemo = compute_apt(scores, cfg, output_polishers(scores)), compute_beemo(scores, cfg)
     views = compute_deployment(scores, cfg) + compute_human_attacks(scores, cfg)   # rows of the long table only
+    views += compute_probability(scores, cfg, source_groups(out, sorted(scores["dataset"].unique())))
     table = metrics_long(scores, metrics, thresholds, shield, tau, apt, beemo, views)
     table.to_parquet(out / "metrics.parquet", index=False)
     metrics = metrics_json_from_table(table)                  # metrics.json is a view of the table
@@ -1750,9 +2087,67 @@ def _human_attack_tables(t) -> list:
     return parts
 
 
+# %% ../nbs/30_calibration_metrics.ipynb #5867f3b7
+_PROB_COLS = (("ece", "ECE"), ("brier", "Brier"), ("aurc", "AURC"), ("f1", "F1"), ("accuracy", "Acc."), ("c_at_1", "C@1"),
+              ("f05u", "F0.5u"), ("one_minus_brier", "1 − Brier"))
+
+def _fit_text(d: dict) -> str:
+    "The whole split's fit of a `probability` fit row's detail, in words."
+    if d.get("status") == "failed": return "failed: " + d.get("reason", "")
+    f = next((x for x in d.get("fits", []) if x.get("fold") == "all"), None)
+    if f is None: return d.get("split", "")
+    return ", ".join(f"{k} {v:.4g}" for k, v in f.items() if k != "fold")
+
+def _probability_tables(t) -> list:
+    """[(md, tex)] per (dataset, defense) of family `probability` beside the main family's AUROC and TPRs: the ranking
+    metrics, the metrics of P(AI) per calibrator, and the calibrators' fits."""
+    p = t[t["family"] == "probability"]
+    if not len(p): return []
+    m = t[(t["family"] == "main") & t["detector"].notna() & t["condition"].notna()]
+    alphas = sorted(set(m.loc[m["metric"] == "tpr", "fpr_target"].dropna()))
+    def get(x, metric, alpha=None):
+        y = x[(x["metric"] == metric) & (x["fpr_target"].isna() if alpha is None else np.isclose(x["fpr_target"], alpha))]
+        return None if not len(y) else y.iloc[0]
+    key = lambda kv: (kv[0][0], *(kv[0][1:-1]), _cond_order(kv[0][-1]))
+    n = lambda x: f"{int(x['n_human'])} / {int(x['n_ai'])}" if x is not None and not pd.isna(x["n_ai"]) else "–"
+    parts = []
+    for (ds, defense), g in p.groupby(["dataset", "defense"], sort=True):
+        mm = m[(m["dataset"] == ds) & (m["defense"] == defense)]
+        rank = g[g["group"].isna() & g["condition"].notna()]
+        rows = []
+        for (det, cond), x in sorted(rank.groupby(["detector", "condition"]), key=key):
+            y = mm[(mm["detector"] == det) & (mm["condition"] == cond)]
+            rows.append([det, cond, _cell(get(y, "auc")), _cell(get(x, "probability:aupr"))]
+                        + [_cell(get(y, "tpr", a)) for a in alphas] + [n(get(x, "probability:aupr"))])
+        parts.append(_md_tex(f"{ds}: ranking metrics (defense {defense})",
+                             ["detector", "condition", "AUROC", "AUPR", *(f"TPR@{100 * a:g}%FPR" for a in alphas), "n human / AI"], rows,
+                             ["AUPR: AI positive, trapezoids through each distinct score (scikit-learn's precision_recall_curve + auc, "
+                              "the Fast-DetectGPT family's and DetectRL's); TPR at thresholds fitted on human texts only. 95% bootstrap intervals."]))
+        cal = g[g["group"].notna() & g["condition"].notna()]
+        rows = [[det, m_, cond] + [_cell(get(x, f"probability:{k}")) for k, _ in _PROB_COLS] + [n(get(x, "probability:ece"))]
+                for (det, m_, cond), x in sorted(cal.groupby(["detector", "group", "condition"]), key=key)]
+        if rows:
+            parts.append(_md_tex(f"{ds}: calibrated P(AI) (defense {defense})",
+                                 ["detector", "calibrator", "condition", *(h for _, h in _PROB_COLS), "n human / AI"], rows,
+                                 ["P(AI) cross-fitted on the unedited texts (folds by source: no text's probability comes from a fit on "
+                                  "it); platt: Platt scaling on the standardised score (MGT-Eval's platt_lr); gaussian2: Fast-DetectGPT's "
+                                  "two-Gaussian posterior; provider: the API's own probability. ECE: 10 equal-width bins; AURC: mean risk "
+                                  "over coverages; F1 and accuracy at P(AI) >= 0.5; PAN's C@1, F0.5u and 1 − Brier with P = 0.5 an "
+                                  "abstention. 95% bootstrap intervals, the calibrators refitted in every resample (ECE is biased upward on few "
+                                  "texts: its interval can lie above its value)."]))
+        fits = g[g["condition"].isna() & g["group"].notna()].drop_duplicates(["detector", "group"])
+        rows = [[r.detector, r.group, "–" if pd.isna(r.n_human) else f"{int(r.n_human)} / {int(r.n_ai)}",
+                 _fit_text(_json.loads(r.detail) if isinstance(r.detail, str) else {})] for r in fits.itertuples(index=False)]
+        if rows:
+            parts.append(_md_tex(f"{ds}: the calibrators (defense {defense})", ["detector", "calibrator", "fitted on (human / AI)",
+                                                                                 "fit on the whole split"], rows,
+                                 ["The probabilities above come from the fits of the other folds (detail of the rows in metrics.parquet); "
+                                  "this fit, on every unedited text, is the one a new text would get."]))
+    return parts
+
 # %% ../nbs/30_calibration_metrics.ipynb #554dc4de
 def extra_tables(out_dir) -> list:
-    """Write tables/table_{shield,tau,apt,beemo,fpr_transfer,domain,length,human_attack}.{md,tex} for each analysis present in `out_dir`,
+    """Write tables/table_{shield,tau,apt,beemo,fpr_transfer,domain,length,human_attack,probability}.{md,tex} for each analysis present in `out_dir`,
     each with every detector's valid / invalid texts (`validity_note`); return the paths."""
     from stealth_eval.core import atomic_write_text, read_json
     out, written = Path(out_dir), []
@@ -1772,4 +2167,5 @@ def extra_tables(out_dir) -> list:
     if t is not None:   # the deployment views and the FPR under attack: rows of the long table
         for name, parts in _deployment_tables(t).items(): write(name, parts)
         if parts := _human_attack_tables(t): write("table_human_attack", parts)
+        if parts := _probability_tables(t): write("table_probability", parts)
     return written

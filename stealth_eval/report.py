@@ -116,8 +116,17 @@ FIGURE_CAPTIONS["fig_fpr_attack"] = (
     "clean-human threshold reaches on the attacked human texts and (y) the TPR on the attacked AI texts, with 95% bootstrap "
     "intervals; the dotted line is the target FPR, the black point M0, each attack a colour and marker of its own, open markers the "
     "sanitize defense.")
-FIGURE_ORDER = ["fig_heatmap_t1f", "fig_tradeoff", "fig_budget_sweep", "fig_roc", "fig_shield", "fig_sanitize", "fig_fpr_transfer",
-                "fig_fpr_attack", "fig_apt_domains", "fig_beemo_edits"]
+FIGURE_CAPTIONS.update({
+    "fig_reliability": "Reliability of the calibrated P(AI): per detector, the share of AI texts against the mean P(AI) in ten equal-width "
+                       "bins, for M0 and the strongest attack (negatives: the human calibration texts); on the dotted diagonal a "
+                       "probability means what it says; ECE in each panel. P(AI) is cross-fitted on the unedited texts (Platt "
+                       "scaling on the standardised score; an API's own probability as is).",
+    "fig_risk_coverage": "Risk–coverage of the calibrated P(AI): per detector, the error rate of the decision P(AI) ≥ 0.5 on the most "
+                         "confident texts (confidence max(P, 1 − P)) against the share kept, for M0 and the strongest attack; AURC "
+                         "(the mean risk) in each panel.",
+})
+FIGURE_ORDER = ["fig_heatmap_t1f", "fig_tradeoff", "fig_budget_sweep", "fig_roc", "fig_reliability", "fig_risk_coverage", "fig_shield",
+                "fig_sanitize", "fig_fpr_transfer", "fig_fpr_attack", "fig_apt_domains", "fig_beemo_edits"]
 
 def figure_caption(name: str) -> str:
     stem = Path(name).stem

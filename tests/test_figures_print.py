@@ -162,3 +162,28 @@ def test_fpr_under_attack_at_print_size(tmp_path, facts):
     assert set(names) | {"open: + sanitize defense"} <= set(f["legend_colours"])      # each attack once, the defense once
     assert not any("+san" in lab for lab in f["legend_colours"])
     assert len({f["legend_colours"][n] for n in names}) == len(names) == 9              # nine attacks, nine colours
+
+
+def _probs(r, ds="mage", n=60, seed=0):
+    "metrics.probability_frame-shaped P(AI) of every detector of `r`: human texts and the AI texts of M0 and the strongest attack."
+    rng, parts = np.random.default_rng(seed), []
+    for d in F.detectors(r, ds):
+        for lab, c, p in (("human", "m0", rng.beta(2, 5, n)), ("ai", "m0", rng.beta(5, 2, n)), ("ai", F.strongest_attack(r, ds), rng.beta(2, 3, n))):
+            parts.append(pd.DataFrame({"dataset": ds, "defense": "none", "detector": d, "calibrator": "platt", "condition": c, "label": lab,
+                                       "sample_id": [f"{lab}{i}" for i in range(n)], "score": p, "fold": 0, "p_ai": p}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def test_reliability_and_risk_coverage_at_print_size(tmp_path, facts):
+    "The two figures of P(AI) on the paper's eleven detectors (a page wide) and on one (a column wide): readable, nothing cut or overlapping."
+    rng = np.random.default_rng(2)
+    paper = _results(_metrics({c: list(rng.uniform(0, 1, len(PAPER_DETS))) for c in PAPER_CONDS}, dets=PAPER_DETS))
+    one = _results(_metrics({"m0": [0.9], "m5:homoglyph_p=0.02": [0.3]}, dets=("fast_detectgpt",)))
+    for r, tag in ((paper, "paper"), (one, "one")):
+        assert F.plot_reliability(_probs(r), r, "mage", tmp_path / f"fig_reliability_{tag}.png")
+        assert F.plot_risk_coverage(_probs(r), r, "mage", tmp_path / f"fig_risk_coverage_{tag}.png")
+    assert len(facts) == 4
+    for name, f in facts.items():
+        assert f["size"][0] == (F.PAGE_IN if "paper" in name else F.COLUMN_IN) and f["size"][1] <= 9.5, (name, f["size"])
+        assert f["min_pt"] >= F.MIN_PT and not f["outside"] and not f["overlaps"], (name, f["outside"], f["overlaps"][:5])
+    assert {"M0", "perfect calibration"} <= set(facts["fig_reliability_paper.png"]["legend_colours"])

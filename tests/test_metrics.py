@@ -57,9 +57,11 @@ def ref_summary(name, point, draws, level):
 
 
 def ref_metrics(scores, cfg):
-    """metrics.json and thresholds.json recomputed with loops (one FPR target, the 1% key names); a detector without a
+    """metrics.json and thresholds.json recomputed with loops (every FPR target: the 1% one under the key names `tpr1`,
+    `asr`, ..., another under `tpr@0.05`, `asr@0.05`, ...; the mean over detectors at the first); a detector without a
     valid human text is left out (the library reports it failed: tested on its own)."""
-    (alpha,) = cfg["fpr_targets"]
+    alphas = cfg["fpr_targets"]
+    key = lambda a: "1" if abs(a - 0.01) < 1e-12 else f"@{a:g}"
     B, level, seed = cfg["n_bootstrap"], cfg["ci_level"], cfg["seed"]
     shared = cfg.get("valid_set", "per_detector") == "shared"
     s = scores[scores["candidate_rank"] == 0]
@@ -94,49 +96,55 @@ def ref_metrics(scores, cfg):
             for d in own:
                 ok_ids, ih = own[d], draw(own[d])
                 h = np.array([score[(d, "human", orig, i)] for i in ok_ids])
-                t = ref_threshold(h, alpha)
-                tb = [ref_threshold(h[ih[b]], alpha) for b in range(B)]
-                fpr = sum(1 for v in h if v >= t) / len(h)
-                thr[ds][d][defense] = {"fpr=0.01": {"threshold": t, "fpr_target": alpha, "fpr_achieved": fpr, "n_human": len(h),
-                                                    "n_human_invalid": len(hum_ids) - len(ok_ids), "resolved": len(h) >= 1 / alpha,
-                                                    "note": "" if len(h) >= 1 / alpha else f"fewer than {math.ceil(1 / alpha)} human texts: no human text may be flagged; the target FPR is not resolved"}}
-                vals = {}
-                for c in conds:
-                    a = np.array([score.get((d, "ai", c, i), math.nan) for i in ids_of[c]], dtype=float)
-                    ia = seed_rule(len(ids_of[c]), B, seed, ds, defense, "ai", stable_hash(list(ids_of[c])))
-                    auc_b = [ref_auc(h[ih[b]], a[ia[b]]) for b in range(B)]
-                    tpr_b = [ref_tpr(a[ia[b]], tb[b]) for b in range(B)]
-                    vals[c] = (a, ref_auc(h, a), auc_b, ref_tpr(a, t), tpr_b)
-                to, to_b = (vals[orig][3], vals[orig][4]) if orig in vals else (math.nan, [math.nan] * B)
-                for c, (a, auc, auc_b, tp, tp_b) in vals.items():
-                    n_valid = int((~np.isnan(a)).sum())
-                    m = {"label": "ai", "defense": defense, "n_human": len(h), "n_ai": n_valid, "n_ai_invalid": len(a) - n_valid,
-                         "threshold1": t, "fpr1_human": fpr}
-                    m.update(ref_summary("auc", auc, auc_b, level))
-                    m.update(ref_summary("tpr1", tp, tp_b, level))
-                    m.update(ref_summary("tpr1_orig", to, to_b, level))
-                    m.update(ref_summary("asr", 1 - tp, [1 - v for v in tp_b], level))
-                    m.update(ref_summary("delta_tpr1", tp - to, [p - q for p, q in zip(tp_b, to_b)], level))
-                    out[ds][d][c] = m
-                    per_det.setdefault(c, []).append((auc, auc_b, tp, tp_b))
-                for hc in hconds:
-                    col = {i: score.get((d, "human", hc, i), math.nan) for i in sorted(set(x.loc[(x["label"] == "human") & (x["condition"] == hc), "sample_id"]))}
-                    if not col: continue
-                    xs = np.array([v for v in col.values() if not math.isnan(v)])
-                    ix = seed_rule(len(xs), B, seed, ds, defense, "human-edited", hc)
-                    fr = ref_tpr(xs, t) if len(xs) else math.nan
-                    fr_b = [ref_tpr(xs[ix[b]], tb[b]) if len(xs) else math.nan for b in range(B)]
-                    out[ds][d][hc] = {"label": "human", "defense": defense, "n_human_edited": len(xs),
-                                      "n_invalid": sum(1 for v in col.values() if math.isnan(v)), "threshold1": t,
-                                      **ref_summary("flag_rate1", fr, fr_b, level)}
+                thr[ds][d][defense] = {}
+                for j, alpha in enumerate(alphas):
+                    k, asr = key(alpha), "asr" if key(alpha) == "1" else f"asr{key(alpha)}"
+                    t = ref_threshold(h, alpha)
+                    tb = [ref_threshold(h[ih[b]], alpha) for b in range(B)]
+                    fpr = sum(1 for v in h if v >= t) / len(h)
+                    thr[ds][d][defense][f"fpr={alpha:g}"] = {
+                        "threshold": t, "fpr_target": alpha, "fpr_achieved": fpr, "n_human": len(h),
+                        "n_human_invalid": len(hum_ids) - len(ok_ids), "resolved": len(h) >= 1 / alpha,
+                        "note": "" if len(h) >= 1 / alpha else f"fewer than {math.ceil(1 / alpha)} human texts: no human text may be flagged; the target FPR is not resolved"}
+                    vals = {}
+                    for c in conds:
+                        a = np.array([score.get((d, "ai", c, i), math.nan) for i in ids_of[c]], dtype=float)
+                        ia = seed_rule(len(ids_of[c]), B, seed, ds, defense, "ai", stable_hash(list(ids_of[c])))
+                        auc_b = [ref_auc(h[ih[b]], a[ia[b]]) for b in range(B)] if j == 0 else None
+                        tpr_b = [ref_tpr(a[ia[b]], tb[b]) for b in range(B)]
+                        vals[c] = (a, ref_auc(h, a), auc_b, ref_tpr(a, t), tpr_b)
+                    to, to_b = (vals[orig][3], vals[orig][4]) if orig in vals else (math.nan, [math.nan] * B)
+                    for c, (a, auc, auc_b, tp, tp_b) in vals.items():
+                        n_valid = int((~np.isnan(a)).sum())
+                        m = out[ds][d].setdefault(c, {"label": "ai", "defense": defense, "n_human": len(h), "n_ai": n_valid,
+                                                      "n_ai_invalid": len(a) - n_valid})
+                        m.update({f"threshold{k}": t, f"fpr{k}_human": fpr})
+                        if j == 0: m.update(ref_summary("auc", auc, auc_b, level))
+                        m.update(ref_summary(f"tpr{k}", tp, tp_b, level))
+                        m.update(ref_summary(f"tpr{k}_orig", to, to_b, level))
+                        m.update(ref_summary(asr, 1 - tp, [1 - v for v in tp_b], level))
+                        m.update(ref_summary(f"delta_tpr{k}", tp - to, [p - q for p, q in zip(tp_b, to_b)], level))
+                        if j == 0: per_det.setdefault(c, []).append((auc, auc_b, tp, tp_b))
+                    for hc in hconds:
+                        col = {i: score.get((d, "human", hc, i), math.nan) for i in sorted(set(x.loc[(x["label"] == "human") & (x["condition"] == hc), "sample_id"]))}
+                        if not col: continue
+                        xs = np.array([v for v in col.values() if not math.isnan(v)])
+                        ix = seed_rule(len(xs), B, seed, ds, defense, "human-edited", hc)
+                        fr = ref_tpr(xs, t) if len(xs) else math.nan
+                        fr_b = [ref_tpr(xs[ix[b]], tb[b]) if len(xs) else math.nan for b in range(B)]
+                        m = out[ds][d].setdefault(hc, {"label": "human", "defense": defense, "n_human_edited": len(xs),
+                                                       "n_invalid": sum(1 for v in col.values() if math.isnan(v))})
+                        m.update({f"threshold{k}": t, **ref_summary(f"flag_rate{k}", fr, fr_b, level)})
             mean = out[ds].setdefault("mean", {})
+            k0 = key(alphas[0])
             for c, items in per_det.items():
                 auc = sum(i[0] for i in items) / len(items)
                 auc_b = [sum(i[1][b] for i in items) / len(items) for b in range(B)]
                 tp = sum(i[2] for i in items) / len(items)
                 tp_b = [sum(i[3][b] for i in items) / len(items) for b in range(B)]
                 mean[c] = {"label": "ai", "defense": defense, "n_detectors": len(items), **ref_summary("auc", auc, auc_b, level),
-                           **ref_summary("tpr1", tp, tp_b, level), **ref_summary("asr", 1 - tp, [1 - v for v in tp_b], level)}
+                           **ref_summary(f"tpr{k0}", tp, tp_b, level),
+                           **ref_summary("asr" if k0 == "1" else f"asr{k0}", 1 - tp, [1 - v for v in tp_b], level)}
     return out, thr
 
 
@@ -209,6 +217,19 @@ def test_metrics_recomputed_synthetic(valid_set):
     assert got_m["alpha"]["d1"]["m5:homoglyph_p=0.01"]["n_ai_invalid"] == 6
     assert got_t["beta"]["d2"]["none"]["fpr=0.01"]["resolved"] is False
     assert got_m["alpha"]["d1"]["m0:polish:degree=minor"]["label"] == "human"
+
+
+def test_metrics_recomputed_at_two_fpr_targets():
+    "TPR at 5% FPR beside 1% (the default `fpr_targets`), the first target listed giving the mean's: the loop implementation's numbers."
+    sc = synthetic_scores()
+    for fprs in ([0.01, 0.05], [0.05, 0.01]):
+        cfg = {**CFG_SYN, "fpr_targets": fprs}
+        got_m, got_t = M.compute_metrics(sc, cfg)
+        ref_m, ref_t = ref_metrics(sc, cfg)
+        assert_same(roundtrip(got_m), roundtrip(ref_m))
+        assert_same(roundtrip(got_t), roundtrip(ref_t))
+    e = got_m["alpha"]["d1"]["m0"]
+    assert e["tpr@0.05"] >= e["tpr1"] and "tpr@0.05" in got_m["alpha"]["mean"]["m0"] and "tpr1" not in got_m["alpha"]["mean"]["m0"]
 
 
 def test_metrics_json_of_a_run_recomputed_from_its_scores():

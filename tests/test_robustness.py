@@ -121,7 +121,7 @@ def test_offline_refuses_hub_models_before_any_stage(tmp_path):
 @pytest.mark.parametrize("setting, message", [
     ("n_bootstrap=abc", "--set n_bootstrap=abc: expects an integer (e.g. 1000), got a string"),
     ("data.n_per_class=-3", "--set data.n_per_class=-3: must be a positive count, got -3"),
-    ("fpr_targets=0.01", "--set fpr_targets=0.01: expects a list of numbers (e.g. [0.01]), got a number"),
+    ("fpr_targets=0.01", "--set fpr_targets=0.01: expects a list of numbers (e.g. [0.01, 0.05]), got a number"),
     ("device=tpu", "--set device=tpu: 'tpu' is not allowed; use auto, cpu, mps, cuda or cuda:N"),
 ])
 def test_bad_configuration_stops_the_run_before_it_starts(tmp_path, setting, message):
