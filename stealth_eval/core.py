@@ -31,12 +31,12 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['OS_PROBLEMS', 'CACHE_FORMAT', 'STORE_MARKER', 'PROVENANCE_PACKAGES', 'StealthEvalError', 'UnknownNameError',
-           'ComponentUnavailable', 'few', 'os_problem', 'Registry', 'project_root', 'user_cache_dir', 'resolve_path',
-           'get_logger', 'progress', 'sha256_bytes', 'sha256_text', 'stable_hash', 'file_sha256', 'atomic_write_bytes',
-           'atomic_write_text', 'LockHeld', 'pid_alive', 'file_lock', 'build_file_once', 'to_jsonable', 'write_json',
-           'read_json', 'deep_merge', 'record_skipped', 'write_jsonl', 'read_jsonl', 'check_entry', 'parts_of',
-           'LocalEngine', 'Cache', 'check_store', 'verify_store', 'prune_store', 'record_source', 'recording_sources',
-           'file_source', 'package_versions', 'git_commit', 'md_tex']
+           'ComponentUnavailable', 'few', 'os_problem', 'usable_dir', 'Registry', 'project_root', 'user_cache_dir',
+           'resolve_path', 'get_logger', 'progress', 'sha256_bytes', 'sha256_text', 'stable_hash', 'file_sha256',
+           'atomic_write_bytes', 'atomic_write_text', 'LockHeld', 'pid_alive', 'file_lock', 'build_file_once',
+           'to_jsonable', 'write_json', 'read_json', 'deep_merge', 'record_skipped', 'write_jsonl', 'read_jsonl',
+           'check_entry', 'parts_of', 'LocalEngine', 'Cache', 'check_store', 'verify_store', 'prune_store',
+           'record_source', 'recording_sources', 'file_source', 'package_versions', 'git_commit', 'md_tex']
 
 # %% ../nbs/01_core.ipynb #d5cc8c30
 class StealthEvalError(Exception):
@@ -105,6 +105,19 @@ def os_problem(e: BaseException,
     elif e.errno == errno.EEXIST and path and os.path.lexists(path) and not os.path.isdir(path):
         words += ": a file where a folder is expected"
     return f"{path}: {words}" if path else words
+
+# %% ../nbs/01_core.ipynb #7b3e0d11
+def usable_dir(path, flag: str) -> Path:
+    "`path` as a writable folder (created if missing), or a one-line error naming the flag and the problem (`os_problem`)."
+    path = Path(path)
+    try:
+        if path.exists() and not path.is_dir(): raise StealthEvalError(f"{flag} {path}: exists and is not a folder")
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:                       # a name too long, a file where a folder goes, no permission...
+        why = os_problem(e) or f"cannot be created ({e.strerror or e})"
+        raise StealthEvalError(f"{flag} {why}" if why.startswith(f"{path}: ") else f"{flag} {path}: {why}") from None
+    if not os.access(path, os.W_OK | os.X_OK): raise StealthEvalError(f"{flag} {path}: not writable")
+    return path
 
 # %% ../nbs/01_core.ipynb #09bdff3b
 class Registry:

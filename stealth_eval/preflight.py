@@ -805,7 +805,7 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
     import datetime
     from stealth_eval.models import resolve_device
     from stealth_eval.rehearsal import _free, rehearsal_scale
-    from stealth_eval.run import usable_dir
+    from stealth_eval.core import usable_dir
     out = usable_dir(out_dir, "--out_dir")      # a file there, a name too long: one line (exit 2), never a traceback
     dev = resolve_device(device)
     cuda = dev.startswith("cuda")

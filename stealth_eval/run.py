@@ -20,16 +20,16 @@ from pathlib import Path
 
 from .config import PIPELINE
 from .core import (LockHeld, StealthEvalError, few, file_lock, file_sha256, get_logger, git_commit, os_problem,
-                               package_versions, progress, project_root, read_json, resolve_path, write_json)
+                               package_versions, progress, project_root, read_json, resolve_path, usable_dir, write_json)
 
 # %% auto #0
 __all__ = ['EXIT_OK', 'EXIT_INTERNAL', 'EXIT_USER', 'EXIT_INTERRUPTED', 'EXIT_TERMINATED', 'OFFLINE_ENV', 'DATASET_SUFFIXES',
            'PREVIOUS_RUN', 'RUN_LOCK', 'RUN_FOLDERS', 'RUN_TOP_FILES', 'STAGE_TAG', 'NOTEBOOK_SAVE_S',
            'INTERRUPT_GRACE_S', 'SUBCOMMANDS', 'build_parser', 'check_offline', 'raid_synonym_missing', 'check_device',
-           'RunInterrupted', 'StageFailed', 'check_dataset_args', 'usable_dir', 'cli_path', 'kernel_problem',
-           'run_files', 'is_run_output', 'previous_run', 'check_user_files', 'set_aside_previous_run', 'run_lock',
-           'stage_notebook', 'InterruptGuard', 'interrupt_guard', 'user_error_names', 'stage_os_error', 'stage_engine',
-           'RunLog', 'run_pipeline', 'readme_from_index', 'report_main', 'docs_main', 'cache_report', 'cache_main',
+           'RunInterrupted', 'StageFailed', 'check_dataset_args', 'cli_path', 'kernel_problem', 'run_files',
+           'is_run_output', 'previous_run', 'check_user_files', 'set_aside_previous_run', 'run_lock', 'stage_notebook',
+           'InterruptGuard', 'interrupt_guard', 'user_error_names', 'stage_os_error', 'stage_engine', 'RunLog',
+           'run_pipeline', 'readme_from_index', 'report_main', 'docs_main', 'cache_report', 'cache_main',
            'raid_detector', 'main']
 
 # %% ../nbs/90_run.ipynb #8de8dc29
@@ -161,19 +161,6 @@ def check_dataset_args(datasets):
                                    f"{', '.join(DATASET_SUFFIXES)}; dataset names: {', '.join(DATASETS.names())}")
 
 # %% ../nbs/90_run.ipynb #2f7bacab
-def usable_dir(path, flag: str) -> Path:
-    "`path` as a writable folder (created if missing), or a one-line error naming the flag and the problem (`os_problem`)."
-    import os
-    path = Path(path)
-    try:
-        if path.exists() and not path.is_dir(): raise StealthEvalError(f"{flag} {path}: exists and is not a folder")
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:                       # a name too long, a file where a folder goes, no permission...
-        why = os_problem(e) or f"cannot be created ({e.strerror or e})"
-        raise StealthEvalError(f"{flag} {why}" if why.startswith(f"{path}: ") else f"{flag} {path}: {why}") from None
-    if not os.access(path, os.W_OK | os.X_OK): raise StealthEvalError(f"{flag} {path}: not writable")
-    return path
-
 def cli_path(p, default: str | None = None) -> Path:
     """A path given on the command line, made absolute: a relative one is taken from the current folder, as any command
     takes it; none given, `default` under the project root."""
