@@ -14,7 +14,13 @@ Paths (ratio = project throughput / baseline throughput; 1.0 = as fast as the pl
   Lastde/Lastde++ and Ghostbuster's stream: seconds a text of the model's body, of its output head, and of each
   reader's statistics, with the head made once for all readers (`HeadLogits.once`) against once per reader;
 - sampler (`--paths sampler`): one decode step's draw at Qwen3's vocabulary, no model: `models.seeded_sample` vs
-  `torch.multinomial` on the softmax.
+  `torch.multinomial` on the softmax;
+- decode_step (`--paths decode_step t5_step`): the fixed-shape decode step as `--decode_step` runs it (default: the
+  device profile's, a CUDA graph on a GPU; `static`, the step as is, on a CPU) vs the dynamic loop, on the same prompts
+  and seeds (the tokens are checked equal): the paraphraser's `sample_continuations` (Qwen3-4B's stand-in) and T5's
+  seq2seq sampling (`iter_seq2seq_sample` on T5-large's stand-in, `generate` as the dynamic loop). The ratio is the
+  speed-up of a decode step (the median of three A/B pairs); on a CPU at `--scale layers` it shows what the fixed
+  shapes cost where nothing is launch-bound (the real widths, one or two layers).
 
 Models: on CUDA the random-weight stand-ins of the paper's real shapes (`stealth_eval.rehearsal`, scale "full":
 Falcon-7b for scoring, Qwen3-4B for generation, E5-base for embeddings); on the CPU the same architectures at reduced
@@ -236,6 +242,71 @@ def bench_sampler(device, vocab, rows, steps=20):
             "baseline_per_s": rows * steps / t_base, "project_s": t_proj, "baseline_s": t_base}
 
 
+# ---------------------------------------------------------------- the decode step: fixed shapes vs the dynamic loop
+def _timed_call(fn, device):
+    sync(device); t0 = time.perf_counter()
+    out = fn()
+    sync(device)
+    return out, time.perf_counter() - t0
+
+
+def _paired(project, baseline, device, reps):
+    """Both calls `reps` times in turn (A B A B ...), their outputs checked equal: the median seconds of each, and the
+    median of the pairs' ratios (a machine whose speed drifts moves both sides of a pair alike)."""
+    import statistics
+    ta, tb, ratios = [], [], []
+    for _ in range(reps):
+        got, a = _timed_call(project, device)
+        ref, b = _timed_call(baseline, device)
+        assert got == ref, "the fixed-shape step drew other tokens than the dynamic loop"
+        ta.append(a); tb.append(b); ratios.append(b / a)
+    return got, statistics.median(ta), statistics.median(tb), statistics.median(ratios)
+
+
+def bench_decode_step(spec, texts, device, n_prompts, new_tokens, batch_size, mode, prompt_tokens=64, reps=3):
+    """`models.sample_continuations` with `decode_step=mode` vs the dynamic loop: the same prompts and seeds, every row
+    drawing `new_tokens` (EOS banned before), so both run the same steps; the tokens must be equal."""
+    from stealth_eval.models import load_causal_lm, sample_continuations
+    lm = load_causal_lm(spec, device=device)
+    prompts = [lm.tokenizer(t, add_special_tokens=False).input_ids[:prompt_tokens] for t in texts[:n_prompts]]
+    seeds = list(range(len(prompts)))
+    go = lambda m, k=new_tokens, ps=prompts: sample_continuations(lm, ps, seeds[:len(ps)], k, k, temperature=1.0, top_p=0.95,
+                                                                  batch_size=batch_size, decode_step=m)
+    go("dynamic", 4, prompts[:2]); go(mode, 4, prompts[:2])                       # warm-up: first kernels of both
+    got, t_proj, t_base, ratio = _paired(lambda: go(mode), lambda: go("dynamic"), device, reps)
+    n = sum(map(len, got))
+    return {"path": f"decode step ({mode})", "project": f"sample_continuations(decode_step={mode!r})",
+            "baseline": f"the dynamic loop (decode_step='dynamic'), batch {batch_size}", "model": Path(spec).name,
+            "items": f"{len(prompts)} prompts x {new_tokens} new tokens", "unit": "new tokens/s",
+            "project_per_s": n / t_proj, "baseline_per_s": n / t_base, "project_s": t_proj, "baseline_s": t_base,
+            "paired_ratio": ratio, "reps": reps}
+
+
+def bench_t5_step(spec, texts, device, rows, steps, mode, reps=3):
+    """T5's seq2seq sampling (`models.iter_seq2seq_sample`: the fills' and DIPPER's) with `decode_step=mode` vs
+    `generate` with the seeded sampler: `rows` masked texts in one batch, `steps` decoder steps; the same ids."""
+    import torch
+    from transformers import AutoTokenizer, T5ForConditionalGeneration
+    from stealth_eval.models import iter_seq2seq_sample
+    tok = AutoTokenizer.from_pretrained(spec)
+    model = T5ForConditionalGeneration.from_pretrained(spec).to(device).eval()
+    words = [t.split() for t in texts]
+    ids = [tok(" ".join(w[:12] + ["<extra_id_0>"] + w[14:40] + ["<extra_id_1>"] + w[42:60])).input_ids for w in (words * rows)[:rows]]
+    L = max(map(len, ids))
+    go = lambda m, k=steps + 1: [g.tolist() for _, g in iter_seq2seq_sample(model, tok, device, ids, list(range(rows)), [k] * rows,
+                                                                              0.95, batch_tokens=rows * (L + 64), granule=64,
+                                                                              max_rows=rows, step_mode=m)]
+    go("dynamic", 4); go(mode, 4)                                                 # warm-up
+    got, t_proj, t_base, ratio = _paired(lambda: go(mode), lambda: go("dynamic"), device, reps)
+    n = rows * (len(got[0][0]) - 1)
+    del model
+    return {"path": f"T5 decoder step ({mode})", "project": f"iter_seq2seq_sample(step_mode={mode!r})",
+            "baseline": "generate + SeededSampler (dynamic)", "model": Path(spec).name,
+            "items": f"{rows} rows x {len(got[0][0]) - 1} steps, {L}-token sources", "unit": "row-steps/s",
+            "project_per_s": n / t_proj, "baseline_per_s": n / t_base, "project_s": t_proj, "baseline_s": t_base,
+            "paired_ratio": ratio, "reps": reps}
+
+
 # ---------------------------------------------------------------- embeddings
 def bench_embeddings(spec, texts, device, batch_size=64, max_length=512):
     import numpy as np
@@ -383,7 +454,12 @@ def main():
     ap.add_argument("--n_embed", type=int, default=None, help="texts embedded (default 256 / 64)")
     ap.add_argument("--paths", nargs="+", default=["scoring", "generation", "embeddings"],
                     help="scoring, generation, embeddings, sampler (a decode step's draw at Qwen3's vocabulary, no model), readers "
-                         "(one scoring pass's readers on the embedded scoring LM)")
+                         "(one scoring pass's readers on the embedded scoring LM), decode_step and t5_step (the fixed-shape "
+                         "decode step vs the dynamic loop)")
+    ap.add_argument("--decode_step", default="auto", help="decode_step and t5_step paths: static, cuda_graph or compile "
+                    "(auto: the device profile's GPU value on CUDA, static on a CPU)")
+    ap.add_argument("--t5_rows", type=int, default=None, help="t5_step: rows of the batch (default 128 / 16)")
+    ap.add_argument("--t5_steps", type=int, default=None, help="t5_step: decoder steps (default 64 / 24)")
     ap.add_argument("--rehearsal", action="store_true", help="also run the rehearsal profile and print its stage table")
     ap.add_argument("--rehearsal_set", nargs="*", default=None, help="--set values for that run (default on the CPU: tiny sizes)")
     ap.add_argument("--rehearsal_dir", default=None, help="print the stage table of this existing rehearsal run")
@@ -397,7 +473,9 @@ def main():
     scale = args.scale if args.scale != "auto" else ("full" if device.startswith("cuda") else "reduced")   # CPU: a smoke test
     pick = lambda v, g, c: v if v is not None else (g if cuda else c)
     base = Path(args.out); shutil.rmtree(base, ignore_errors=True); base.mkdir(parents=True)
-    names = {"scoring": "falcon-7b", "generation": "qwen3-4b-instruct-2507", "embeddings": "e5-base-v2", "sampler": None, "readers": None}
+    names = {"scoring": "falcon-7b", "generation": "qwen3-4b-instruct-2507", "embeddings": "e5-base-v2", "sampler": None, "readers": None,
+             "decode_step": "qwen3-4b-instruct-2507", "t5_step": "t5-large"}
+    step_mode = args.decode_step if args.decode_step != "auto" else ("cuda_graph" if cuda else "static")
     stand_ins = [p for p in args.paths if names[p]]   # the readers path reads the real embedded scoring LM; the sampler no model
     report = {"machine": machine(device), "device": device, "scale": scale, "paths": [],
               "note": "ratio = project / baseline throughput, measured in this run" +
@@ -425,9 +503,14 @@ def main():
         elif path == "generation":
             r = bench_generation(spec, texts, device, pick(args.n_prompts, 32, 8), pick(args.new_tokens, 128, 32),
                                  pick(args.gen_batch, 32, 8))
+        elif path == "decode_step":
+            r = bench_decode_step(spec, texts, device, pick(args.n_prompts, 32, 8), pick(args.new_tokens, 128, 32),
+                                  pick(args.gen_batch, 32, 8), step_mode)
+        elif path == "t5_step":
+            r = bench_t5_step(spec, texts, device, pick(args.t5_rows, 128, 16), pick(args.t5_steps, 64, 24), step_mode)
         else:
             r = bench_embeddings(spec, texts[:pick(args.n_embed, 256, 64)], device)
-        r["ratio"] = r["project_per_s"] / r["baseline_per_s"]
+        r["ratio"] = r.get("paired_ratio") or r["project_per_s"] / r["baseline_per_s"]   # paired: the median pair's
         report["paths"].append(r)
         from stealth_eval import models
         models.load_causal_lm.cache_clear(); models.load_embedder.cache_clear()

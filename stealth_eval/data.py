@@ -276,7 +276,7 @@ def _lee_continue(cfg: dict, cache: Cache, identity: str, docs: list, name: str,
             procs = [KGWLogitsProcessor(watermark, lm.model.config.get_text_config().vocab_size, temp)]
         yield from iter_continuations(lm, *[[jobs[i][k] for i in todo] for k in range(4)], temp, top_p, bs,
                                       desc=f"{name}: continuations by {spec}", logits_processors=procs,
-                                      kv_gb=cfg.get("decode_kv_gb"))
+                                      kv_gb=cfg.get("decode_kv_gb"), decode_step=cfg.get("decode_step"))
     got = cache.fetch(keys, compute)
     for i, d in enumerate(docs): d["new"] = got[i]
 

@@ -124,7 +124,8 @@ def load_dipper(cfg) -> tuple:
 DIPPER_VERSION = "dipper-v1"   # part of the cache keys; bump when the generation changes
 
 def t5_generate(t5, inputs: list, seeds: list, cache, top_p: float = 0.75, max_length: int = 512,
-                batch_tokens: int = 0, max_rows: int = 16) -> list:
+                batch_tokens: int = 0, max_rows: int = 16,
+                step_mode: str | None = None) -> list:   # how a decode step runs (the run's `decode_step`)
     "One sampled decoding per input string (nucleus `top_p`, seeded per row), cached by content."
     from stealth_eval.models import iter_seq2seq_sample
     model, tok, ident, device = t5
@@ -135,7 +136,7 @@ def t5_generate(t5, inputs: list, seeds: list, cache, top_p: float = 0.75, max_l
     if not todo: return out
     ids = {i: tok(inputs[i]).input_ids for i in todo}
     for rows, gen in iter_seq2seq_sample(model, tok, device, ids, seeds, {i: int(max_length) for i in todo}, top_p, batch_tokens, 64,
-                                         max_rows, order=todo):
+                                         max_rows, order=todo, step_mode=step_mode):
         for r, i in enumerate(rows): out[i] = cache.put(keys[i], tok.decode(gen[r], skip_special_tokens=True).strip())
     return out
 
@@ -164,7 +165,7 @@ def method_dipper(items: list, cfg, cache) -> list:
     t5 = load_dipper(cfg)
     jobs = _jobs(items, cfg, "dipper")
     gen = lambda xs, seeds: t5_generate(t5, xs, seeds, cache, float(dc["top_p"]), int(dc["max_length"]),
-                                        int(dc["batch_tokens"]), int(dc["batch_size"]))
+                                        int(dc["batch_tokens"]), int(dc["batch_size"]), cfg.get("decode_step"))
     pw = int(dc.get("prefix_words", PREFIX_WORDS))
     res = dipper_loop([j[3] for j in jobs], int(dc["sent_interval"]), gen, pw)
     return _outputs(items, jobs, res, {"model": t5[2], "sent_interval": int(dc["sent_interval"]), "top_p": float(dc["top_p"]),

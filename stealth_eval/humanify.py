@@ -569,7 +569,7 @@ def method_polish(items: list, cfg: dict, cache=None) -> list:
         answers = chat_generate(spec, msgs, seeds, cache, max_new_tokens=max_new, temperature=pcfg["temperature"],
                                 top_p=pcfg["top_p"], system=POLISH_SYSTEM, batch_size=pcfg["batch_size"],
                                 device=cfg.get("device", "auto"), desc="polish", dtype=cfg.get("dtype", "auto"),
-                                kv_gb=cfg.get("decode_kv_gb"))
+                                kv_gb=cfg.get("decode_kv_gb"), decode_step=cfg.get("decode_step"))
     except StealthEvalError as e:
         raise ComponentUnavailable(f"polisher {spec!r} unavailable: {e}") from None
     texts = [clean_polish_output(a) for a in answers]

@@ -20,14 +20,16 @@ from .core import StealthEvalError, atomic_write_text, file_sha256, get_logger, 
 
 # %% auto #0
 __all__ = ['EMBEDDED_LMS', 'LOADS', 'ENCODE_VERSION', 'E5_CONVENTION', 'SAMPLER_VERSION', 'NUCLEUS_PREFIX', 'DECODE_CHECK_EVERY',
-           'CHAT_VERSION', 'convert_gguf', 'LoadedLM', 'offline_mode', 'available_offline', 'resolve_device',
-           'device_class', 'device_setting', 'run_dtype', 'lm_kwargs', 'hub_identity', 'lm_identity', 'load_causal_lm',
-           'load_seq2seq', 'use_gqa_sdpa', 'load_tokenizer', 'model_max_tokens', 'make_tiny_lm', 'bucket_length',
-           'batch_shape', 'plan_batches', 'default_token_budget', 'scoring_budget', 'pad_batch', 'rows_alone',
-           'Embedder', 'encoder_max_tokens', 'EmbedConvention', 'embedder_source', 'embedder_convention',
+           'DECODE_RUNS', 'DECODE_STEPS', 'DECODE_CACHE_GRANULE', 'STEP_COMPILE', 'CUDA_GRAPH_WARMUP',
+           'SEQ2SEQ_WATCHERS', 'CHAT_VERSION', 'convert_gguf', 'LoadedLM', 'offline_mode', 'available_offline',
+           'resolve_device', 'device_class', 'device_setting', 'run_dtype', 'lm_kwargs', 'hub_identity', 'lm_identity',
+           'load_causal_lm', 'load_seq2seq', 'use_gqa_sdpa', 'load_tokenizer', 'model_max_tokens', 'make_tiny_lm',
+           'bucket_length', 'batch_shape', 'plan_batches', 'default_token_budget', 'scoring_budget', 'pad_batch',
+           'rows_alone', 'Embedder', 'encoder_max_tokens', 'EmbedConvention', 'embedder_source', 'embedder_convention',
            'embedder_identity', 'load_embedder', 'similarities', 'row_seed', 'counter_uniform', 'seeded_sample',
-           'SeededSampler', 'iter_seq2seq_sample', 'kv_cache_arg', 'kv_cache_of', 'kv_bytes_per_token', 'decode_rows',
-           'iter_continuations', 'sample_continuations', 'chat_prompt_ids', 'chat_generate']
+           'SeededSampler', 'kv_cache_arg', 'kv_cache_of', 'decode_runs_since', 'decode_step_mode',
+           'static_cache_length', 'static_rows', 'StepRunner', 'kv_bytes_per_token', 'decode_rows',
+           'iter_continuations', 'sample_continuations', 'iter_seq2seq_sample', 'chat_prompt_ids', 'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
 def _package_dir(pkg: str) -> Path:
@@ -810,31 +812,6 @@ class SeededSampler:
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(1, tok[:, None], 0.0)
 
-# %% ../nbs/02_models.ipynb #40ba6ffc
-def iter_seq2seq_sample(model, tok, device: str, ids: list, seeds: list, max_lengths: list, top_p: float = 1.0,
-                        batch_tokens: int = 0,        # source tokens a batch (0: one unpadded input a batch)
-                        granule: int = 64,            # padded lengths are multiples of this
-                        max_rows: int = 16,           # rows a batch at most
-                        stop_ids: list | None = None, # per input: a token after which its row ends (T5's last sentinel)
-                        order: list | None = None):   # the inputs' order into `plan_batches` (default: as given)
-    """Yields `(positions in ids, generated token rows)` batch by batch: each encoder input `ids[i]` decoded by seeded
-    nucleus sampling (`SeededSampler`, row i's noise from `seeds[i]`) to at most `max_lengths[i]` tokens. Batch shapes
-    come from each input's own length (`plan_batches`, dummy rows repeating the first), so a row's output never depends
-    on its batch mates. The T5 span filler and DIPPER both sample here."""
-    import torch
-    order = list(range(len(ids))) if order is None else list(order)
-    for R, L, idx in plan_batches([len(ids[i]) for i in order], batch_tokens, granule, max_rows):
-        rows = [order[k] for k in idx]
-        full = rows + [rows[0]] * (R - len(rows))
-        enc, mask = pad_batch([ids[i] for i in rows], R, L, tok.pad_token_id)
-        proc = SeededSampler([seeds[i] for i in full], 1, top_p=top_p, banned_ids=[tok.pad_token_id],
-                             stop_ids=None if stop_ids is None else [stop_ids[i] for i in full], eos_id=tok.eos_token_id)
-        with torch.no_grad():
-            gen = model.generate(input_ids=enc.to(device), attention_mask=mask.to(device), do_sample=False,
-                                 max_length=max(int(max_lengths[i]) for i in rows), logits_processor=[proc],
-                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-        yield rows, gen
-
 # %% ../nbs/02_models.ipynb #97d093d7
 def _eos_ids(lm) -> list:
     eos = getattr(lm.model.generation_config, "eos_token_id", None)
@@ -854,15 +831,28 @@ def kv_cache_of(out):
 
 # %% ../nbs/02_models.ipynb #74469f57
 DECODE_CHECK_EVERY = 8   # decode steps between the host's looks at which rows ended (one synchronisation each)
+DECODE_RUNS = Counter()  # (causal or seq2seq, how its steps ran: `decode_step` below) -> decode batches in this process
+
+def decode_runs_since(before: Counter) -> dict:
+    "{causal or seq2seq: {how its steps ran: batches}} of the decode batches run since `before` (a copy of `DECODE_RUNS`)."
+    out = {}
+    for (kind, how), n in sorted((DECODE_RUNS - before).items()): out.setdefault(kind, {})[how] = n
+    return out
 
 def _decode_batch(lm, jobs, eos_ids, pad, temperature, top_p, processors=(), stop_below: int = 0,
-                  check_every: int = DECODE_CHECK_EVERY) -> list:
+                  check_every: int = DECODE_CHECK_EVERY,
+                  mode: str = "dynamic",      # how a step runs (`decode_step`): static modes run `_static_decode_batch`
+                  rows: int = 0,              # the batch's planned rows (a static batch pads its jobs up to a power of two)
+                  pool: dict | None = None) -> list:   # a static decoder kept across one call's batches
     """Extend each job's `new` tokens by seeded sampling, one forward pass per step, with no host synchronisation
     between the checks every `check_every` steps (where rows that ended, at EOS or their maximum, leave the batch and
     its KV cache). Rows resume from `prompt + new`, and row r's draw at its own step t uses the noise of (seed_r, t), so
     a row continued in a later batch draws the same stream. Returns the jobs that have ended; with `stop_below`, stops
-    at a check once fewer rows run and leaves the others unfinished."""
+    at a check once fewer rows run and leaves the others unfinished. Logits processors keep this loop in every mode."""
     import torch
+    if mode != "dynamic" and not processors:
+        ended = _static_decode_batch(lm, jobs, eos_ids, pad, temperature, top_p, stop_below, check_every, mode, rows, pool)
+        if ended is not None: return ended                      # None: the model's cache cannot be static
     dev, B = lm.device, len(jobs)
     seqs = [list(j["prompt"]) + list(j["new"]) for j in jobs]
     L = max(len(q) for q in seqs)
@@ -909,11 +899,207 @@ def _decode_batch(lm, jobs, eos_ids, pad, temperature, top_p, processors=(), sto
             pos = pos[:, -1:] + (~fin).long()[:, None]      # an ended row's position stays put
             if processors: seq = torch.cat([seq, tok[:, None]], 1)   # what a logits processor sees as input_ids
             o = lm.model(input_ids=tok[:, None], attention_mask=mask, position_ids=pos, use_cache=True, **{kv: cache})
-    rows, toks, codes = torch.stack([torch.cat(x) for x in zip(*hist)]).tolist()   # one copy to the host
-    for r, t, c in zip(rows, toks, codes):
+    DECODE_RUNS["causal", "dynamic"] += 1
+    idx, toks, codes = torch.stack([torch.cat(x) for x in zip(*hist)]).tolist()   # one copy to the host
+    for r, t, c in zip(idx, toks, codes):
         if c == 0: jobs[r]["new"].append(t)
         elif c == 1: jobs[r]["ended"] = True
     for j in jobs:
+        if len(j["new"]) >= j["mx"]: j["ended"] = True
+    return [j for j in jobs if j.get("ended")]
+
+# %% ../nbs/02_models.ipynb #9d8cc971
+DECODE_STEPS = ("dynamic", "static", "cuda_graph", "compile")   # the values of the `decode_step` device setting
+DECODE_CACHE_GRANULE = 64    # a static cache's slots: a multiple of this (few distinct shapes; under 64 idle slots a row)
+STEP_COMPILE = {"mode": "reduce-overhead", "fullgraph": True}    # torch.compile's arguments under decode_step=compile
+CUDA_GRAPH_WARMUP = 1        # steps run as is (on the capture's stream) before a step is captured: lazy set-ups happen there
+
+def decode_step_mode(value=None, device: str = "auto") -> str:
+    "How decode steps run: `value` (the run's `decode_step`), or where None or 'auto' the device profile's."
+    mode = str(device_setting("decode_step", value, device))
+    if mode not in DECODE_STEPS: raise ValueError(f"decode_step must be auto, {', '.join(DECODE_STEPS)}; got {mode!r}")
+    return mode
+
+def static_cache_length(tokens: int, granule: int = DECODE_CACHE_GRANULE) -> int:
+    "Slots of a static KV cache whose rows hold at most `tokens` tokens: the next multiple of `granule`."
+    g = max(1, int(granule))
+    return -(-max(1, int(tokens)) // g) * g
+
+def static_rows(n: int, rows: int) -> int:
+    "Rows of a fixed-shape decode batch of `n` jobs: the next power of two, never past the batch's planned `rows` (or `n`)."
+    return min(1 << (max(1, int(n)) - 1).bit_length(), max(int(n), int(rows)))
+
+# %% ../nbs/02_models.ipynb #c41c0084
+class StepRunner:
+    """Runs `step`, a function of no arguments that reads and writes tensors allocated before its first call, once a
+    call: as is (`static`), compiled with `STEP_COMPILE` (`compile`), or captured once as a CUDA graph and then replayed
+    (`cuda_graph`; as is on a device without CUDA graphs). A capture or compilation that fails leaves the step as is,
+    with the reason (`why`); `ran` says how the steps ran ('static (cuda_graph failed: ...)' after a fallback)."""
+    def __init__(self, step, mode: str, device: str):
+        import torch
+        self.step, self.mode, self.calls, self.graph, self.why, self.stream = step, mode, 0, None, "", None
+        self.cuda = mode == "cuda_graph" and device_class(device) == "cuda"
+        self.fn = step
+        if mode == "compile":   # one compilation per shape: more shapes than dynamo's default limit of 8 stay compiled
+            cfg = torch._dynamo.config
+            k = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"   # its name before torch 2.6
+            setattr(cfg, k, max(getattr(cfg, k), 64))
+            self.fn = torch.compile(step, **STEP_COMPILE)
+        self.ran = "cuda_graph" if self.cuda else "static" if mode == "cuda_graph" else mode
+
+    def _as_is(self, e):
+        self.fn, self.graph, self.why = self.step, False, f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        self.ran = f"static ({self.mode} failed: {self.why})"
+        get_logger().warning(f"decode step: {self.mode} failed ({self.why}); the step runs as is (the same tokens)")
+
+    def __call__(self):
+        import torch
+        self.calls += 1
+        if self.fn is not self.step:
+            if self.calls > 1: return self.fn()
+            try: return self.fn()      # compiled at the first call; compiling runs nothing, so a failure changes no state
+            except Exception as e: self._as_is(e)
+        if not self.cuda or self.graph is False: return self.step()
+        if self.calls <= CUDA_GRAPH_WARMUP:           # as is, on the stream the capture will record from
+            self.stream = self.stream or torch.cuda.Stream()
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream): self.step()
+            torch.cuda.current_stream().wait_stream(self.stream)
+            return
+        if self.graph is None:
+            try:
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, stream=self.stream): self.step()   # recorded, not run: the replay below runs it
+                self.graph = g
+            except Exception as e:
+                self._as_is(e)
+                return self.step()
+        self.graph.replay()
+
+# %% ../nbs/02_models.ipynb #c1aa3cd0
+def _static_ok(cache) -> bool:
+    "Whether every layer of a static cache is full attention (a sliding window's position is kept on the host)."
+    return not any(getattr(l, "is_sliding", False) for l in cache.layers)
+
+def _fwd_kwargs(model) -> tuple:
+    "(the cache's keyword, whether `forward` takes `cache_position`: transformers before the cache kept its own)."
+    import inspect
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return kv_cache_arg(model), "cache_position" in inspect.signature(base.forward).parameters
+
+def _static_address(t, mode: str):
+    "`t`, marked for torch.compile as a tensor whose address never changes (its CUDA graphs then read it in place)."
+    import torch
+    if mode == "compile": torch._dynamo.mark_static_address(t)
+    return t
+
+class _CausalDecoder:
+    """A causal LM's decode state in tensors of fixed shapes: a static KV cache of `rows` x `slots`, the attention mask
+    over its slots, positions, seeds, steps, the ended flags and the drawn tokens; `step` advances every row by one token
+    (a forward pass of the last tokens, then `seeded_sample`), asking the host nothing."""
+    def __init__(self, lm, rows: int, slots: int, eos_ids: list, temperature: float, top_p: float, mode: str):
+        import torch
+        from transformers import StaticCache
+        self.lm, self.B, self.S, self.temperature, self.top_p = lm, rows, slots, float(temperature), float(top_p)
+        dev = lm.device
+        self.cache = StaticCache(config=lm.model.config, max_cache_len=slots)
+        z = lambda *shape, dtype=torch.long: torch.zeros(shape, dtype=dtype, device=dev)
+        self.mask, self.toks, self.codes = z(rows, slots), z(rows, slots), z(rows, slots)   # drawn tokens, 0 kept / 1 EOS / 2 discarded
+        self.pos, self.at, self.i = z(rows, 1), z(1), z(1)     # row positions, the cache slot written next, the steps run
+        self.tok, self.steps, self.seeds, self.mn, self.mx = (z(rows) for _ in range(5))
+        self.fin = z(rows, dtype=torch.bool)
+        self.eos = torch.as_tensor(list(eos_ids), dtype=torch.long, device=dev)
+        self.is_eos = None                                     # (vocab,) made at the first prefill, when the width is known
+        self.kv, self.with_cpos, self.mode = *_fwd_kwargs(lm.model), mode
+        for t in (self.mask, self.toks, self.codes, self.pos, self.at, self.i, self.tok, self.steps, self.seeds, self.mn,
+                  self.mx, self.fin, self.eos): _static_address(t, mode)
+        self.run = StepRunner(self.step, mode, dev)
+
+    def _draw(self, logits):
+        import torch
+        banned = self.is_eos[None, :] & (self.steps < self.mn)[:, None]   # no EOS before a row's minimum
+        tok = seeded_sample(logits, self.seeds, self.steps, self.temperature, self.top_p, banned, prefixes=())
+        eos = torch.isin(tok, self.eos)
+        self.toks.index_copy_(1, self.i, tok[:, None])
+        self.codes.index_copy_(1, self.i, torch.where(self.fin, 2, eos.long())[:, None])
+        self.fin.copy_(self.fin | eos | (self.steps + 1 >= self.mx))
+        self.steps.add_(1); self.i.add_(1); self.tok.copy_(tok)
+
+    def step(self):
+        "One token a row: the last token's slot opens in the mask, a running row's position advances, forward, draw."
+        self.mask.index_fill_(1, self.at, 1)
+        self.pos.add_((~self.fin).long()[:, None])             # an ended row's position stays put
+        extra = {"cache_position": self.at} if self.with_cpos else {}
+        o = self.lm.model(input_ids=self.tok[:, None], attention_mask=self.mask, position_ids=self.pos, use_cache=True,
+                          **{self.kv: self.cache}, **extra)
+        self.at.add_(1)
+        self._draw(o.logits[:, -1, :])
+
+    def start(self, jobs: list, pad: int):
+        "Prefill the jobs' rows (dummy rows repeat the first, ended from the start) and draw each row's first token."
+        import torch
+        dev, B, n = self.lm.device, self.B, len(jobs)
+        full = list(jobs) + [jobs[0]] * (B - n)
+        seqs = [list(j["prompt"]) + list(j["new"]) for j in full]
+        L = max(len(q) for q in seqs)
+        ids, mask = torch.full((B, L), pad, dtype=torch.long), torch.zeros((B, self.S), dtype=torch.long)
+        for r, q in enumerate(seqs):
+            ids[r, L - len(q):] = torch.as_tensor(q, dtype=torch.long); mask[r, L - len(q):L] = 1
+        pos = (mask[:, :L].cumsum(1) - 1).clamp(min=0)
+        col = lambda k: torch.as_tensor([int(j[k]) for j in full], dtype=torch.long)
+        self.cache.reset()
+        self.mask.copy_(mask); self.pos.copy_(pos[:, -1:]); self.at.fill_(L); self.i.zero_()
+        self.seeds.copy_(col("seed")); self.mn.copy_(col("mn")); self.mx.copy_(col("mx"))
+        self.steps.copy_(torch.as_tensor([len(j["new"]) for j in full], dtype=torch.long))
+        self.fin.copy_(torch.arange(B) >= n)
+        extra = {"cache_position": torch.arange(L, device=dev)} if self.with_cpos else {}
+        o = self.lm.model(input_ids=ids.to(dev), attention_mask=self.mask, position_ids=pos.to(dev), use_cache=True,
+                          logits_to_keep=1, **{self.kv: self.cache}, **extra)
+        if self.is_eos is None:
+            V = o.logits.shape[-1]
+            self.is_eos = _static_address(torch.zeros(V, dtype=torch.bool, device=dev), self.mode)
+            self.is_eos[[e for e in self.eos.tolist() if 0 <= e < V]] = True
+        self._draw(o.logits[:, -1, :])
+
+# %% ../nbs/02_models.ipynb #ef8b2ace
+def _static_decoder(pool, key, build):
+    "The decoder of `key` from `pool` (a dict kept for one call's batches: one decoder at a time), else a new one."
+    if pool is not None and pool.get("key") == key: return pool["dec"]
+    if pool is not None: pool.clear()                          # the last shape's cache and graph go before the next is made
+    dec = build()
+    if pool is not None: pool.update(key=key, dec=dec)
+    return dec
+
+def _static_decode_batch(lm, jobs, eos_ids, pad, temperature, top_p, stop_below: int, check_every: int, mode: str,
+                         rows: int = 0, pool: dict | None = None):
+    """`_decode_batch` with fixed shapes: the same tokens, drawn by `_CausalDecoder.step` as `mode` runs it. Rows that
+    end stay in the batch (their draws are discarded) until the look every `check_every` steps finds them all ended,
+    or fewer than `stop_below` running. Returns None where the model's cache cannot be static (sliding windows)."""
+    import torch
+    from transformers import StaticCache
+    n = len(jobs)
+    B = static_rows(n, rows or n)
+    L = max(len(j["prompt"]) + len(j["new"]) for j in jobs)
+    last = max(j["mx"] - len(j["new"]) for j in jobs)
+    S = static_cache_length(L + last)
+    key = (id(lm.model), B, S, float(temperature), float(top_p), tuple(eos_ids), mode)
+    if not _static_ok(StaticCache(config=lm.model.config, max_cache_len=1)): return None
+    dec = _static_decoder(pool, key, lambda: _CausalDecoder(lm, B, S, eos_ids, temperature, top_p, mode))
+    i = 1
+    with torch.no_grad():
+        dec.start(jobs, pad)
+        while i < last:                                        # every row is at its maximum after `last` draws
+            if i % check_every == 0:                           # the one synchronisation of `check_every` steps
+                running = int((~dec.fin[:n]).sum())
+                if running == 0 or running < stop_below: break
+            dec.run()
+            i += 1
+        toks, codes = torch.stack([dec.toks[:n, :i], dec.codes[:n, :i]]).tolist()   # one copy to the host
+    DECODE_RUNS["causal", dec.run.ran] += 1
+    for j, ts, cs in zip(jobs, toks, codes):
+        for t, c in zip(ts, cs):
+            if c == 0: j["new"].append(t)
+            elif c == 1: j["ended"] = True
         if len(j["new"]) >= j["mx"]: j["ended"] = True
     return [j for j in jobs if j.get("ended")]
 
@@ -949,7 +1135,8 @@ def iter_continuations(lm: LoadedLM,
                        temperature: float = 1.0, top_p: float = 1.0,
                        batch_size: int = 8, desc: str = "generate",
                        logits_processors=None,   # applied before sampling, in order (e.g. a watermark)
-                       kv_gb: float | None = None):  # KV-cache budget of one batch (GiB): rows = `decode_rows`
+                       kv_gb: float | None = None,   # KV-cache budget of one batch (GiB): rows = `decode_rows`
+                       decode_step: str | None = None):  # how a step runs (the run's `decode_step`; None: the device profile's)
     """Yield (prompt indices, their new token ids) as rows finish (EOS excluded), each row sampled with its own seed.
     A batch takes at most `batch_size` rows, fewer when their KV cache at the batch's longest row would pass `kv_gb`.
     Continuous refill: once fewer than a quarter of the rows of a batch still run, they stop and resume in the next
@@ -963,6 +1150,7 @@ def iter_continuations(lm: LoadedLM,
     tok = lm.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
     wdt = next(lm.model.parameters()).dtype                  # the KV cache's dtype: the weights'
+    mode, pool = decode_step_mode(decode_step, lm.device), {}   # pool: the static decoder of the last shape
     order = sorted(range(n), key=lambda i: (mx[i], len(prompts[i]), i))  # similar lengths share a batch
     queue = [{"i": i, "prompt": prompts[i], "new": [], "seed": int(seeds[i]), "mn": mn[i], "mx": mx[i]} for i in order]
     bar = progress(total=n, desc=desc, unit="text")
@@ -976,10 +1164,11 @@ def iter_continuations(lm: LoadedLM,
         rows = decode_rows(lm.model.config, tokens, batch_size, kv_gb, wdt)
         batch, queue = queue[:rows], queue[rows:]
         ended = _decode_batch(lm, batch, eos_ids, pad, temperature, top_p, logits_processors or (),
-                              stop_below=(rows + 3) // 4 if queue else 0)
+                              stop_below=(rows + 3) // 4 if queue else 0, mode=mode, rows=rows, pool=pool)
         if ended: yield [j["i"] for j in ended], [j["new"] for j in ended]
         bar.update(len(ended))
         queue = [j for j in batch if not j.get("ended")] + queue                     # the unfinished go first
+    pool.clear()
     bar.close()
 
 # %% ../nbs/02_models.ipynb #adb9bd71
@@ -987,14 +1176,140 @@ def sample_continuations(lm: LoadedLM, prompts: list, seeds: list, max_new_token
                          temperature: float = 1.0, top_p: float = 1.0, batch_size: int = 8, desc: str = "generate",
                          on_batch=None,            # called as on_batch(indices, token_lists) as rows finish
                          logits_processors=None,
-                         kv_gb: float | None = None) -> list:  # KV-cache budget of one batch (GiB), see `decode_rows`
+                         kv_gb: float | None = None,   # KV-cache budget of one batch (GiB), see `decode_rows`
+                         decode_step: str | None = None) -> list:   # how a step runs (`decode_step_mode`)
     "New token ids for each prompt (EOS excluded): `iter_continuations` collected in the prompts' order."
     results = [None] * len(prompts)
     for idx, toks in iter_continuations(lm, prompts, seeds, max_new_tokens, min_new_tokens, temperature, top_p,
-                                        batch_size, desc, logits_processors, kv_gb):
+                                        batch_size, desc, logits_processors, kv_gb, decode_step):
         for i, t in zip(idx, toks): results[i] = t
         if on_batch: on_batch(idx, toks)
     return results
+
+# %% ../nbs/02_models.ipynb #40ba6ffc
+def iter_seq2seq_sample(model, tok, device: str, ids: list, seeds: list, max_lengths: list, top_p: float = 1.0,
+                        batch_tokens: int = 0,        # source tokens a batch (0: one unpadded input a batch)
+                        granule: int = 64,            # padded lengths are multiples of this
+                        max_rows: int = 16,           # rows a batch at most
+                        stop_ids: list | None = None, # per input: a token after which its row ends (T5's last sentinel)
+                        order: list | None = None,    # the inputs' order into `plan_batches` (default: as given)
+                        step_mode: str | None = None):  # the run's `decode_step` (None, 'auto': the device profile's)
+    """Yields `(positions in ids, generated token rows)` batch by batch: each encoder input `ids[i]` decoded by seeded
+    nucleus sampling (`SeededSampler`, row i's noise from `seeds[i]`) to at most `max_lengths[i]` tokens. Batch shapes
+    come from each input's own length (`plan_batches`, dummy rows repeating the first), so a row's output never depends
+    on its batch mates. The T5 span filler and DIPPER both sample here; under a static `step_mode` each step is
+    `_Seq2SeqDecoder`'s (the same ids, below)."""
+    import torch
+    mode, pool = decode_step_mode(step_mode, device), {}
+    order = list(range(len(ids))) if order is None else list(order)
+    for R, L, idx in plan_batches([len(ids[i]) for i in order], batch_tokens, granule, max_rows):
+        rows = [order[k] for k in idx]
+        full = rows + [rows[0]] * (R - len(rows))
+        enc, mask = pad_batch([ids[i] for i in rows], R, L, tok.pad_token_id)
+        stops, cap = None if stop_ids is None else [stop_ids[i] for i in full], max(int(max_lengths[i]) for i in rows)
+        if mode != "dynamic":
+            yield rows, _seq2seq_static_batch(model, tok, device, enc, mask, [seeds[i] for i in full], stops, cap, top_p, mode, pool)
+            continue
+        proc = SeededSampler([seeds[i] for i in full], 1, top_p=top_p, banned_ids=[tok.pad_token_id], stop_ids=stops,
+                             eos_id=tok.eos_token_id)
+        with torch.no_grad():
+            gen = model.generate(input_ids=enc.to(device), attention_mask=mask.to(device), do_sample=False, max_length=cap,
+                                 logits_processor=[proc], eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        DECODE_RUNS["seq2seq", "dynamic"] += 1
+        yield rows, gen
+    pool.clear()
+
+# %% ../nbs/02_models.ipynb #44890506
+class _Seq2SeqDecoder:
+    """An encoder-decoder's sampling state in tensors of fixed shapes: the encoder's output and mask, a static
+    self-attention cache of `slots` and a static cross-attention cache of the source's length, each row's seed, stop
+    token, whether it has emitted its stop token or EOS, whether it has ended, and the output ids; `step` draws one token
+    a row as `generate` with `SeededSampler` does (EOS after a row's stop token, pad after its EOS)."""
+    def __init__(self, model, rows: int, src_len: int, slots: int, pad: int, eos: int, top_p: float, stops: bool, mode: str,
+                 device: str):
+        import torch
+        from transformers import EncoderDecoderCache, StaticCache
+        self.model, self.R, self.S, self.pad, self.eos, self.top_p, self.stops = model, rows, slots, int(pad), int(eos), float(top_p), stops
+        dc = model.get_decoder().config                        # the decoder's layers (T5's num_decoder_layers)
+        self.cache = EncoderDecoderCache(StaticCache(config=dc, max_cache_len=slots), StaticCache(config=dc, max_cache_len=src_len))
+        z = lambda *shape, dtype=torch.long: torch.zeros(shape, dtype=dtype, device=device)
+        self.src, self.cross = None, None                     # the encoder's output; the cross-attention mask (4-D)
+        self.gen, self.tok, self.seeds, self.stop, self.t = z(rows, slots), z(rows), z(rows), z(rows), z(1)
+        self.hit, self.done = z(rows, dtype=torch.bool), z(rows, dtype=torch.bool)
+        self.ban = None
+        self.kv, self.mode = kv_cache_arg(model), mode
+        for x in (self.gen, self.tok, self.seeds, self.stop, self.t, self.hit, self.done): self._static(x)
+        self.run = StepRunner(self.step, mode, device)
+
+    def _static(self, x): return _static_address(x, self.mode)
+
+    def step(self):
+        import torch
+        o = self.model(encoder_outputs=(self.src,), attention_mask=self.cross, decoder_input_ids=self.tok[:, None],
+                       use_cache=True, **{self.kv: self.cache})
+        tok = seeded_sample(o.logits[:, -1, :], self.seeds, self.t.expand(self.R), 1.0, self.top_p, self.ban, prefixes=())
+        if self.stops: tok = torch.where(self.hit, self.eos, tok)   # a row past its stop token (or EOS) draws EOS
+        tok = torch.where(self.done, self.pad, tok)                # and once it has ended, pad
+        self.gen.index_copy_(1, self.t + 1, tok[:, None])
+        if self.stops: self.hit.copy_(self.hit | (tok == self.stop) | (tok == self.eos))
+        self.done.copy_(self.done | (tok == self.eos))
+        self.tok.copy_(tok); self.t.add_(1)
+
+    def start(self, enc, mask, seeds: list, stops: list | None, start_id: int):
+        """Encode the batch, reset the caches and state, and draw the first token (which fills the cross-attention cache).
+        The cross-attention mask is made here, as the decoder would make it, in its 4-D form: made inside the step,
+        transformers would ask the host whether the source has padding at every step."""
+        import torch
+        from transformers.masking_utils import create_bidirectional_mask
+        dev = self.gen.device
+        self.cache.reset()
+        h = self.model.get_encoder()(input_ids=enc.to(dev), attention_mask=mask.to(dev)).last_hidden_state
+        cross = create_bidirectional_mask(config=self.model.get_decoder().config, inputs_embeds=h[:, :1], attention_mask=mask.to(dev),
+                                          encoder_hidden_states=h, allow_is_bidirectional_skip=False)
+        if self.src is None: self.src, self.cross = self._static(torch.zeros_like(h)), self._static(torch.zeros_like(cross))
+        self.src.copy_(h); self.cross.copy_(cross)
+        self.seeds.copy_(torch.as_tensor(seeds, dtype=torch.long))
+        self.stop.copy_(torch.as_tensor(stops if stops is not None else [-1] * self.R, dtype=torch.long))
+        self.gen.fill_(self.pad); self.gen[:, 0] = start_id; self.tok.fill_(start_id); self.t.zero_(); self.done.zero_()
+        self.hit.copy_((self.tok == self.stop) | (self.tok == self.eos) if self.stops else self.done)
+        if self.ban is None:
+            V = self.model.get_output_embeddings().weight.shape[0]
+            self.ban = self._static(torch.zeros((1, V), dtype=torch.bool, device=dev)); self.ban[0, self.pad] = True
+        self.step()   # as is: the first step computes the cross-attention keys and values the later steps read
+
+# %% ../nbs/02_models.ipynb #d41460dd
+SEQ2SEQ_WATCHERS = []   # callables told (model, (rows, source length, ids' width)) of each static batch, as `generate` calls
+                        # would be seen: the preflight's `recording_generate` prices the work from them
+
+def _seq2seq_static_batch(model, tok, device, enc, mask, seeds: list, stops, max_length: int, top_p: float, mode: str,
+                          pool: dict | None = None, check_every: int = DECODE_CHECK_EVERY):
+    """The ids `generate` with `SeededSampler` returns for one batch (the same tensor), drawn by `_Seq2SeqDecoder.step`
+    as `mode` runs it, with a look every `check_every` steps for whether every row has ended."""
+    import torch
+    R, L = enc.shape
+    S = static_cache_length(max_length)
+    start = model.config.decoder_start_token_id
+    key = (id(model), R, L, S, float(top_p), stops is not None, mode)
+    dec = _static_decoder(pool, key, lambda: _Seq2SeqDecoder(model, R, L, S, tok.pad_token_id, tok.eos_token_id, top_p,
+                                                             stops is not None, mode, device))
+    steps = max(int(max_length) - 1, 0)
+    i = 0
+    with torch.no_grad():
+        if steps:
+            dec.start(enc, mask, seeds, stops, start)
+            i = 1
+        while i < steps:
+            if i % check_every == 0 and bool(dec.done.all()): break
+            dec.run()
+            i += 1
+        gen = dec.gen[:, :i + 1].clone()
+    DECODE_RUNS["seq2seq", dec.run.ran] += 1
+    for watch in SEQ2SEQ_WATCHERS: watch(model, (R, L, int(gen.shape[1])))
+    ended = (gen[:, 1:] == tok.eos_token_id).any(1)
+    if i and bool(ended.all()):                                # generate stops after the step at which the last row ended
+        w = int((gen[:, 1:] == tok.eos_token_id).long().argmax(1).max()) + 2
+        gen = gen[:, :w]
+    return gen
 
 # %% ../nbs/02_models.ipynb #a6b81d16
 CHAT_VERSION = f"chat-v2/{SAMPLER_VERSION}"  # bump when the prompt rendering or decoding changes: part of every cache key
@@ -1019,7 +1334,8 @@ def chat_generate(lm,                        # model spec, LoadedLM, or a loader
                   desc: str = "chat generate",
                   identity: str | None = None,  # the model's identity (needed with a loader)
                   dtype: str = "auto",          # the run's `dtype` (a spec is loaded in it)
-                  kv_gb: float | None = None) -> list:  # KV-cache budget of one decode batch (the run's `decode_kv_gb`)
+                  kv_gb: float | None = None,   # KV-cache budget of one decode batch (the run's `decode_kv_gb`)
+                  decode_step: str | None = None) -> list:   # how a decode step runs (the run's `decode_step`)
     """One sampled answer (str) per (message, seed), cached by content. The model loads only if something is missing,
     where the cache's engine computes (a spec or a loader travels to Ray actors; a LoadedLM travels whole)."""
     n = len(messages)
@@ -1039,7 +1355,7 @@ def chat_generate(lm,                        # model spec, LoadedLM, or a loader
         prompts = [chat_prompt_ids(tok, messages[i], system) for i in todo]
         for rows, toks in iter_continuations(loaded, prompts, [seeds[i] for i in todo], [mx[i] for i in todo],
                                              [mn[i] for i in todo], temperature=temperature, top_p=top_p,
-                                             batch_size=batch_size, desc=desc, kv_gb=kv_gb):
+                                             batch_size=batch_size, desc=desc, kv_gb=kv_gb, decode_step=decode_step):
             yield rows, [tok.decode(t, skip_special_tokens=True).strip() for t in toks]
     got = cache.fetch(keys, compute)
     return [got[i] for i in range(n)]

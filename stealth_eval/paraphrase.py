@@ -128,7 +128,7 @@ def generate_answers(target,                 # model spec, LoadedLM or AdaptedSp
                                                     cfg.get("dtype", "auto"))
     return chat_generate(target, messages, seeds, cache, max_new_tokens=max_new_tokens, temperature=temperature,
                          top_p=top_p, system=system, batch_size=rows, device=cfg.get("device", "auto"), desc=desc,
-                         identity=identity, dtype=cfg.get("dtype", "auto"))
+                         identity=identity, dtype=cfg.get("dtype", "auto"), decode_step=cfg.get("decode_step"))
 
 # %% ../nbs/11_paraphrase.ipynb #dec0de11
 def _model_config(spec: str, cfg: dict):

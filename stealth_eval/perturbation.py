@@ -124,7 +124,8 @@ def iter_t5_fill(t5, jobs: list, seeds: list, top_p: float = 1.0,
                  batch_tokens: int = 8192,    # source tokens a batch (0: one unpadded text a batch)
                  granule: int = 64,           # padded lengths are multiples of this
                  max_rows: int = 16,          # rows a batch at most
-                 desc: str = "perturbing (T5)"):
+                 desc: str = "perturbing (T5)",
+                 step_mode: str | None = None):  # how a decode step runs (the run's `decode_step`; None: the device profile's)
     """Yields `(positions in jobs, fills)` batch by batch: each masked token list's fills sampled by T5 (possibly fewer
     than its masks: a failed fill). Batch shapes come from each row's own length; a row is cut at its own cap."""
     from stealth_eval.models import iter_seq2seq_sample
@@ -134,17 +135,18 @@ def iter_t5_fill(t5, jobs: list, seeds: list, top_p: float = 1.0,
     order = sorted(range(len(jobs)), key=lambda i: (mx[i], len(ids[i])))   # similar caps together: fewer idle steps
     stops = [tok.convert_tokens_to_ids(f"<extra_id_{sum(t is MASK for t in j)}>") for j in jobs]   # a row ends after its own
     bar = progress(total=len(jobs), desc=desc)
-    for rows, gen in iter_seq2seq_sample(model, tok, device, ids, seeds, mx, top_p, batch_tokens, granule, max_rows, stops, order):
+    for rows, gen in iter_seq2seq_sample(model, tok, device, ids, seeds, mx, top_p, batch_tokens, granule, max_rows, stops, order,
+                                         step_mode):
         yield rows, [extract_t5_fills(tok.decode(gen[r, :mx[i]], skip_special_tokens=False)) for r, i in enumerate(rows)]
         bar.update(len(rows))
     bar.close()
 
 # %% ../nbs/21_perturbation.ipynb #20a9a9b0
 def t5_fill(t5, jobs: list, seeds: list, top_p: float = 1.0, max_length=150, batch_tokens: int = 8192,
-            granule: int = 64, max_rows: int = 16) -> list:
+            granule: int = 64, max_rows: int = 16, step_mode: str | None = None) -> list:
     "For each masked token list, the fills sampled by T5 (`iter_t5_fill`'s batches, collected in the jobs' order)."
     out = [None] * len(jobs)
-    for rows, fills in iter_t5_fill(t5, jobs, seeds, top_p, max_length, batch_tokens, granule, max_rows):
+    for rows, fills in iter_t5_fill(t5, jobs, seeds, top_p, max_length, batch_tokens, granule, max_rows, step_mode=step_mode):
         for i, f in zip(rows, fills): out[i] = f
     return out
 
@@ -358,7 +360,7 @@ def perturb_texts(texts: list, mode: str, cfg: dict, cache: Cache,
             filler = load_t5(_filler(mode, p, stat), cfg["device"], kn["t5_dtype"]); tok, window = filler[1], int(p["t5_max_input_tokens"])
             fill = lambda jobs, seeds: iter_t5_fill(
                 filler, jobs, seeds, p["mask_top_p"], [t5_fill_length(sum(t is MASK for t in j), p["t5_max_length"], kn["t5_tokens_per_span"]) for j in jobs],
-                kn["fill_batch_tokens"], int(cfg.get("score_bucket_tokens", 64)), int(p["batch_size"]))
+                kn["fill_batch_tokens"], int(cfg.get("score_bucket_tokens", 64)), int(p["batch_size"]), step_mode=cfg.get("decode_step"))
         else:
             filler = load_causal_lm(p["infill_model"], **lm_kwargs(cfg))
             tok, window = filler.tokenizer, filler.max_length // 2        # half the context: room for the fills

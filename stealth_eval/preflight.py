@@ -359,17 +359,22 @@ def _decode_stats(name: str, scale: str, prompts: list, new: int, batch: int, n_
 @contextmanager
 def recording_generate(model):
     """While inside, each `model.generate` call's executed shape, `(rows, input length, output length)`, is appended to
-    the list it yields: the work a path really ran, filler rows and redrawn fills included. The model's own method
+    the list it yields (and each batch a static `decode_step` ran in its place: `models.SEQ2SEQ_WATCHERS`): the work a
+    path really ran, filler rows and redrawn fills included. The model's own method
     is back on leaving."""
+    from stealth_eval.models import SEQ2SEQ_WATCHERS
     calls, own, inner = [], model.__dict__.get("generate"), model.generate
     def rec(*a, **kw):
         out = inner(*a, **kw)
         ids, seq = kw["input_ids"] if "input_ids" in kw else a[0], getattr(out, "sequences", out)
         calls.append((int(ids.shape[0]), int(ids.shape[1]), int(seq.shape[1])))
         return out
+    watch = lambda m, shape: calls.append(shape) if m is model else None   # a batch the static decode step ran instead
     model.generate = rec
+    SEQ2SEQ_WATCHERS.append(watch)
     try: yield calls
     finally:
+        SEQ2SEQ_WATCHERS.remove(watch)
         if own is None: del model.generate
         else: model.generate = own
 
@@ -470,6 +475,8 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
     from stealth_eval.components import DETECTORS
     from stealth_eval.core import Cache
     from stealth_eval.models import load_causal_lm, load_embedder, lm_kwargs, resolve_device, sample_continuations, scoring_budget
+    from stealth_eval.models import DECODE_RUNS, decode_runs_since
+    from collections import Counter
     from stealth_eval.paraphrase import load_adapted_lm, method_m3
     from stealth_eval.perturbation import (MASK, _fit_words, load_proxihuman_embedder, load_t5, proxihuman_embed_dtype, mask_spans, perturb_texts,
                                            perturbation_params, t5_fill, t5_fill_length, t5_knobs, t5_masked_text)
@@ -604,24 +611,28 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
     name = _name_of(para)
     batch = int(cfg.get("paraphrase_batch_size", 8))
     def decode_path(label, get, note="", profile=False):
+        step = cfg.get("decode_step")   # how a decode step runs in the run (its device profile's: a captured step on a GPU)
         prompts = lambda m: [m.tokenizer(t, add_special_tokens=False).input_ids[:256] for t in (texts * n_prompts)[:n_prompts]]
         def run():
-            m = get(); ps = prompts(m)
+            m = get(); ps = prompts(m); before = Counter(DECODE_RUNS)
             outs = sample_continuations(m, ps, list(range(len(ps))), new_tokens, new_tokens, temperature=1.0, top_p=0.95,
-                                        batch_size=batch, desc="preflight: sample")
-            return ps, sum(len(o) for o in outs)
+                                        batch_size=batch, desc="preflight: sample", decode_step=step)
+            return ps, sum(len(o) for o in outs), decode_runs_since(before)
         def call():
-            m = get(); sample_continuations(m, prompts(m)[:1], [0], 2, 2, temperature=1.0, top_p=0.95, batch_size=1, desc="warm-up")
+            m = get(); sample_continuations(m, prompts(m)[:1], [0], 2, 2, temperature=1.0, top_p=0.95, batch_size=1, desc="warm-up",
+                                            decode_step=step)
         def base():
             m = get(); plain_generate(m.model, prompts(m), batch, pad_of(m.tokenizer), dev, new_tokens=new_tokens, top_p=0.95, temperature=1.0)
         row = measure_path(rows, dev, label, [name], run, warm(get, call), base,
-                           lambda out, dt: _decode_stats(name, scale, out[0], new_tokens, batch, out[1], dt, hw), note)
+                           lambda out, dt: {**_decode_stats(name, scale, out[0], new_tokens, batch, out[1], dt, hw),
+                                            "decode_step": out[2]}, note)   # how the steps ran (a capture that failed says why)
         if profile and row.get("status") == "ok":   # where a step's time goes, the project's loop beside generate's
             try:
                 m = get(); ps = prompts(m)[:batch]
                 row["profile"] = {
                     "project": profile_steps(lambda n: sample_continuations(m, ps, list(range(len(ps))), n, n, temperature=1.0,
-                                                                           top_p=0.95, batch_size=batch, desc="profile"), dev),
+                                                                           top_p=0.95, batch_size=batch, desc="profile",
+                                                                           decode_step=step), dev),
                     "plain": profile_steps(lambda n: plain_generate(m.model, ps, batch, pad_of(m.tokenizer), dev, new_tokens=n,
                                                                    top_p=0.95, temperature=1.0), dev)}
             except StepCut: raise

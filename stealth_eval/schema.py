@@ -560,6 +560,11 @@ class Settings(Section):
     embed_bucket_tokens: int = setting(32, "padded embedding lengths are multiples of this, capped at the encoder's positions", "count")
     decode_kv_gb: float | str = setting("auto", "KV-cache memory (GiB) of one decode batch: rows = min(batch size, this / KV bytes per row); 'auto': the device profile's",
                                         "positive", "auto", "auto or a number of GiB")
+    decode_step: str = setting("auto", "how a decode step runs (paraphrasers' sampling, T5 and DIPPER fills): dynamic (a growing KV cache, "
+                               "one launch per operation), static (a fixed-shape KV cache, the step as is), cuda_graph (that step captured "
+                               "once and replayed; as is where there is no CUDA) or compile (torch.compile, mode reduce-overhead); the "
+                               "tokens are the same; 'auto': the device profile's", choices="auto|dynamic|static|cuda_graph|compile",
+                               allowed="auto, dynamic, static, cuda_graph or compile")
     fpr_targets: list[float] = setting([0.01, 0.05], "false-positive rates, calibrated on human texts only (1%: the spec's; "
                                        "5%: RAID's and DetectAnyLLM's, beside it)", "unit", nonempty=True)
     n_bootstrap: int = setting(1000, f"bootstrap resamples of every CI (at most {MAX_BOOTSTRAP}: each holds its resamples in memory)", "count",
@@ -631,10 +636,10 @@ RUNNER_KEYS = ("datasets", "methods", "detectors", "n_candidates", "plugins", "p
 # %% ../nbs/03_schema.ipynb #a7d1c0df
 DEVICE_PROFILES = {   # the value of every 'auto' device setting, per device profile
     "cpu": {"dtype": "float32", "attn_implementation": "sdpa", "score_batch_tokens": 0, "embed_batch_tokens": 0,
-            "decode_kv_gb": 2.0},
+            "decode_kv_gb": 2.0, "decode_step": "dynamic"},
     # an 80 GB GPU: 32 GiB of KV cache is ~140 rows of Qwen3-4B at 1,600 tokens (bf16), beside the weights
     "gpu": {"dtype": "bfloat16", "attn_implementation": "sdpa", "score_batch_tokens": 8192, "embed_batch_tokens": 16384,
-            "decode_kv_gb": 32.0},
+            "decode_kv_gb": 32.0, "decode_step": "cuda_graph"},
 }
 DEVICE_KEYS = tuple(DEVICE_PROFILES["cpu"])
 
