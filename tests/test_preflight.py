@@ -88,6 +88,8 @@ def test_preflight_short_runs_every_step_on_the_cpu(short_preflight):
     prof = next(r for r in paths if r.get("profile"))["profile"]   # a decode step's operators, the project's loop and generate's
     assert set(prof) == {"project", "plain"} and all(v["host_op_ms"] > 0 and v["top_host"] for v in prof.values()), prof
     assert "A decode step of paraphraser sampling" in md
+    dec = next(r for r in paths if r["path"].startswith("paraphraser sampling"))   # the GPU's captured step, run as is here
+    assert set(dec["decode_step"]) == {"causal"} and set(dec["decode_step"]["causal"]) == {"static"}, dec["decode_step"]
     fill = next(r for r in paths if r["path"].startswith("T5 span fills"))   # its generate calls recorded, filler rows included
     assert fill["batches"] and fill["executed_rows"] >= fill["items"] > 0 and fill["pct_roofline"] > 0, fill
     assert 0 < fill["encoder_s"] < fill["seconds"] and fill["encoder_share"] > 0 and fill["decoder_share"] > 0, fill
