@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .components import BASELINE, DATASETS, DETECTORS, METHODS, Detector, load_plugins
 from .core import StealthEvalError, UnknownNameError, deep_merge, read_json, resolve_path, user_cache_dir
-from .schema import DEVICE_KEYS, DEVICE_PROFILES, RUNNER_KEYS, Section, Settings, SettingsError, _hints, _section_type, _shown, accepts, check_value, type_name
+from .schema import DEVICE_KEYS, DEVICE_PROFILES, RUNNER_KEYS, Section, Settings, SettingsError, type_hints, section_type, shown_value, accepts, check_value, type_name
 
 # %% auto #0
 __all__ = ['PIPELINE', 'PROFILE_CHANGES', 'PROFILES', 'NAMED', 'NAMED_ALSO', 'profile_settings', 'registries', 'check_names',
@@ -157,8 +157,8 @@ def _set_dotted(cfg: dict, key: str, value, parts: list | None = None):
     for i, p in enumerate(parts):
         f = cls.__dataclass_fields__.get(p)
         if f is None: raise SettingsError(f"--set {key}: unknown key. Known keys here: {', '.join(cls.__dataclass_fields__)}")
-        tp = _hints(cls)[p]
-        sub, last = _section_type(tp), i == len(parts) - 1
+        tp = type_hints(cls)[p]
+        sub, last = section_type(tp), i == len(parts) - 1
         is_open = sub is None and isinstance(node.get(p), dict)   # the open sections (score_windows, data_paths, ...): name -> value
         if last and isinstance(value, Mapping) and (sub is not None or is_open):
             for k, v in value.items(): _set_dotted(cfg, f"{key}.{k}", v, parts + [k])   # key by key: the others keep theirs
@@ -171,7 +171,7 @@ def _set_dotted(cfg: dict, key: str, value, parts: list | None = None):
         if not is_open: raise SettingsError(f"--set {key}: {p!r} is not a section of the configuration")
         inner = typing.get_args(tp)[1] if typing.get_origin(tp) is dict else typing.Any
         if len(parts) != i + 2 or not accepts(inner, value):
-            raise SettingsError(f"--set {key}={_shown(value)}: expects {type_name(inner)} under {p}")
+            raise SettingsError(f"--set {key}={shown_value(value)}: expects {type_name(inner)} under {p}")
         entry = {**node[p], parts[-1]: value}
         try: check_value(".".join(parts[:i + 1]), f, tp, entry)   # its range and choices, named by its full key
         except SettingsError as e: raise SettingsError(f"--set {e}") from None

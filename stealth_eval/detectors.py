@@ -17,93 +17,24 @@ import numpy as np
 from .components import DETECTORS, Detector
 from .core import Cache, ComponentUnavailable, StealthEvalError, get_logger, progress, read_jsonl, sha256_text, write_json
 from .engine import run_cache
+from .stream import (PASSES, HeadLogits, LMUse, fetch_lm_uses, forward_batches, lm_logits, log_softmax_list,
+                                 model_identity, position_stats, row_arrays, row_masks, scoring_window)   # the token stream (19_stream)
 
 # %% auto #0
-__all__ = ['PANEL_VERSION', 'STATS_LOGITS', 'FULL_LOGITS_BYTES', 'PASSES', 'panel_batch', 'binoculars_batch', 'HeadLogits',
-           'lm_logits', 'panel_from_logits', 'LMUse', 'fetch_lm_uses', 'panel_stats', 'binoculars_from_logits',
+__all__ = ['PANEL_VERSION', 'panel_batch', 'binoculars_batch', 'panel_from_logits', 'panel_stats', 'binoculars_from_logits',
            'panel_reference', 'binoculars_reference', 'PanelDetector', 'BinocularsPair', 'score_texts', 'panel_use',
            'score_texts_windows', 'binoculars_use', 'score_binoculars_pair', 'run_detectors_stage']
 
 # %% ../nbs/20_detectors.ipynb #3813068a
 PANEL_VERSION = "panel-v8"  # bump whenever the computation changes: it is part of every cache key
 
-def _position_stats(z, y, ref=None):
-    """Per-position statistics of logits `z` (N, V) predicting `y` (N,), float64 on z's device: log-likelihood,
-    1-based rank, entropy, mean / variance of log p under the reference distribution q (q = p without `ref`), and
-    log S = -log max_v p(v), the loss of the most likely token (DNA-DetectLLM's repaired token)."""
-    import torch
-    z = z.float()
-    zy = z.gather(-1, y[:, None])[:, 0]
-    mx = z.amax(-1)
-    zc = z - mx[:, None]                   # log p = zc - log S, with S = sum exp(zc)
-    e = torch.exp(zc)
-    S = e.sum(-1).double(); logS = S.log()                       # float32 pairwise sums, combined in float64
-    ezc = e * zc
-    Ez = ezc.sum(-1).double() / S                                # E_p[zc]
-    ll = (zy - mx).double() - logS
-    rk = 1 + torch.gt(z, zy[:, None]).view(torch.uint8).sum(-1, dtype=torch.int32).double()   # rank of the observed token
-    ent = logS - Ez                                              # H(p) = -E_p[log p]
-    if ref is None:                                              # q = p: white-box sampling model
-        W, Ewz, wzc = S, Ez, ezc
-    else:
-        r = ref.float()
-        w = torch.exp(r - r.amax(-1, keepdim=True)); W = w.sum(-1).double()
-        wzc = w.mul_(zc)
-        Ewz = wzc.sum(-1).double() / W
-    Ewz2 = wzc.mul_(zc).sum(-1).double() / W
-    return ll, rk, ent, Ewz - logS, Ewz2 - Ewz * Ewz, logS       # mu = E_q[log p]; var = Var_q[log p] (shift-invariant)
-
-# %% ../nbs/20_detectors.ipynb #725cf4fe
-# Logits per `_position_stats` call, by device type. Its dozen passes over a (rows, vocabulary) float32 block run at
-# the speed of wherever the block lives: on a CPU a block of 2**21 logits (8 MB: 8 positions of Gemma's 262,144 words)
-# stays in the cache between passes: 256 positions of 262,144 logits took 0.55 s in calls of 4-8 positions against
-# 1.06 s as one call that every pass reads from memory again (one core, Intel Xeon, 2 MB L2). On a GPU a block that small would be one kernel launch per few
-# microseconds of work: there (any device type not named here) the whole block is one call. Each position's statistics
-# are reductions over its own row, so the values are the same bits either way (the example below checks it).
-STATS_LOGITS = {"cpu": 1 << 21}
-
-def _row_arrays(logits, ids, ref_logits=None, width: int | None = None, stats_logits: int | None = None):
-    """`_position_stats` of every position of a right-padded batch: a (6, R, L) float64 tensor. Position t predicts
-    ids[:, t + 1] (the last position's label is a placeholder: only its entropy and mu are read). The positions are
-    taken in blocks of `width` columns of every row (at most 2**27 logits a block: a function of the batch shape alone),
-    so every block of a batch shape has the same shape; the statistics of a block in calls of at most `stats_logits`
-    logits (default `STATS_LOGITS` of the device type; 0: the whole block). `logits` may be a tensor or `HeadLogits`."""
-    import torch
-    R, L, V = logits.shape
-    if width is None: width = max(1, min(64, (1 << 27) // max(1, R * V)))
-    if stats_logits is None: stats_logits = STATS_LOGITS.get(torch.device(logits.device).type, 0)
-    labels = torch.cat([ids[:, 1:], ids[:, :1]], 1).to(logits.device)
-    out = torch.empty((6, R, L), dtype=torch.float64, device=logits.device)
-    for s in range(0, L, width):
-        blk = logits[:, s:s + width]
-        w = blk.shape[1]
-        z, y = blk.reshape(R * w, V), labels[:, s:s + w].reshape(R * w)
-        ref = None if ref_logits is None else ref_logits[:, s:s + w].reshape(R * w, V)
-        step = R * w if stats_logits <= 0 else max(1, stats_logits // V)
-        part = torch.empty((6, R * w), dtype=torch.float64, device=logits.device)
-        for c in range(0, R * w, step):
-            for k, a in enumerate(_position_stats(z[c:c + step], y[c:c + step], None if ref is None else ref[c:c + step])):
-                part[k, c:c + step] = a
-        out[:, :, s:s + w] = part.view(6, R, w)
-    return out
-
-# %% ../nbs/20_detectors.ipynb #17999603
-def _row_masks(ids, lengths, pad_id=None):
-    "Masks (R, L): positions that predict a real next token, and real input tokens that are not the pad token."
-    import torch
-    n = torch.as_tensor(lengths, device=ids.device)[:, None]
-    pos = torch.arange(ids.shape[1], device=ids.device)[None]
-    keep = pos < n
-    if pad_id is not None: keep = keep & (ids != pad_id)
-    return (pos < n - 1).double(), keep.double()
-
 # %% ../nbs/20_detectors.ipynb #f81d300b
 def panel_batch(logits, ids, lengths, pad_id=None) -> list:
     """Panel statistics of each row of a right-padded batch (logits (R, L, V) of ids (R, L); row r has lengths[r] real
     tokens), computed on the logits' device; only per-row scalars leave it."""
     import torch
-    ll, rk, ent, mu, var, fix = _row_arrays(logits, ids)
-    pred, keep = _row_masks(ids.to(logits.device), lengths, pad_id)
+    ll, rk, ent, mu, var, fix = row_arrays(logits, ids)
+    pred, keep = row_masks(ids.to(logits.device), lengths, pad_id)
     T = pred.sum(1)
     s_ll = (ll * pred).sum(1)
     m_ll, m_lr = s_ll / T, (rk.log() * pred).sum(1) / T
@@ -124,75 +55,12 @@ def binoculars_batch(obs_logits, perf_logits, ids, lengths, pad_id=None) -> list
     """Binoculars (Hans et al. 2024) of each row: performer log-perplexity / observer-to-performer cross-perplexity,
     in nats. The cross term is -E_observer[log p_performer], the panel's `mu` with the observer as q: the same float64
     accumulation."""
-    ll, _, _, mu, _, _ = _row_arrays(perf_logits, ids, ref_logits=obs_logits)
-    pred, keep = _row_masks(ids.to(perf_logits.device), lengths, pad_id)
+    ll, _, _, mu, _, _ = row_arrays(perf_logits, ids, ref_logits=obs_logits)
+    pred, keep = row_masks(ids.to(perf_logits.device), lengths, pad_id)
     b = ((-ll * pred).sum(1) / pred.sum(1)) / ((-mu * keep).sum(1) / keep.sum(1))
     return b.cpu().tolist()
 
-# %% ../nbs/20_detectors.ipynb #d0de0001
-class HeadLogits:
-    """The logits of a batch, made block by block in float32 from the LM's last hidden states (R, L, H) and its output
-    head in float32 (`LoadedLM.head_fp32`). With bf16 weights the model's own head rounds logits to bf16 (spacing 0.0625
-    between 8 and 16), which ties tokens and makes a strict `>` rank count optimistic; here only the hidden states are
-    bf16. A reader takes the blocks it needs (`hl[:, a:b]`), or `once` makes the whole batch at once where it fits."""
-    def __init__(self, hidden, head: tuple):
-        self.hidden, (self.w, self.b, self.cap) = hidden, head
-        self.shape, self.device = (*hidden.shape[:2], self.w.shape[0]), hidden.device
-
-    def __getitem__(self, key):
-        import torch
-        z = torch.nn.functional.linear(self.hidden[key].float(), self.w, self.b)
-        return z if not self.cap else torch.tanh(z / self.cap) * self.cap   # Gemma-2-style final softcapping
-
-    def to(self, device):
-        if str(device) == str(self.device): return self
-        return HeadLogits(self.hidden.to(device), tuple(None if x is None or isinstance(x, float) else x.to(device) for x in (self.w, self.b)) + (self.cap,))
-
-    def once(self, limit: int | None = None):
-        """The whole (R, L, V) float32 logits, computed by one product, when they fit in `limit` bytes (default
-        `FULL_LOGITS_BYTES` of the device type); else `self`, which computes each block a reader asks for. Every
-        reader of a batch then slices the same tensor instead of computing the head again: one head product per
-        batch and model, however many detectors read the pass."""
-        import torch
-        if limit is None: limit = FULL_LOGITS_BYTES.get(torch.device(self.device).type, 0)
-        R, L, V = self.shape
-        return self[:, :] if 4 * R * L * V <= limit else self
-
-# The output head is most of a small LM's work (Gemma-3-270m: 262,144 words x 640 = 168 M of its 268 M weights), so
-# every reader of a batch computing the logits of its own blocks again was that product once per reader (panel,
-# Lastde, Ghostbuster's stream: three on a CPU run). Within this many bytes a batch's logits are made once (1 GiB: a
-# 1,024-token Gemma text); past it each reader computes its own blocks, as before. One product
-# over all positions gives each row the same bits as the blocks of 32 or 64 rows the readers take (measured on this session's Intel Xeon; a partial last block can differ in the last bit, and the example below checks agreement to 1e-6).
-# CUDA's 4 GiB is a budget chosen, not measured (no GPU lent yet): #34's preflight times the scoring pass there.
-FULL_LOGITS_BYTES = {"cpu": 1 << 30, "cuda": 4 << 30}
-
-def lm_logits(lm, ids, mask) -> HeadLogits:
-    "Scoring logits of a batch: the base model's last hidden states, the head applied in float32 on demand."
-    return HeadLogits(lm.model.base_model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device)).last_hidden_state,
-                      lm.head_fp32())
-
 # %% ../nbs/20_detectors.ipynb #458ebc1f
-PASSES = Counter()   # (model identity, sha256 of a token sequence) -> rows of forward passes over it in this process
-
-def _forward_batches(models: list, seqs: list, budget: int, granule: int, desc: str, on_batch):
-    """Run each LM of `models` over the token lists in batches whose shapes depend on each list's length alone
-    (`models.plan_batches`, never past the models' positions); call `on_batch(indices, ids, lengths, [HeadLogits per
-    model])` (dummy rows included) after each batch, and yield what it returns."""
-    import torch
-    from stealth_eval.models import pad_batch, plan_batches
-    pad = models[0].tokenizer.pad_token_id
-    pad = 0 if pad is None else pad
-    bar = progress(total=len(seqs), desc=desc, unit="text")
-    for R, L, idx in plan_batches([len(s) for s in seqs], budget, granule, max_len=min(m.max_length for m in models)):
-        for m in models: PASSES.update((m.identity, sha256_text(json.dumps(list(seqs[i])))) for i in idx)
-        ids, mask = pad_batch([seqs[i] for i in idx], R, L, pad)
-        lengths = [len(seqs[i]) for i in idx] + [len(seqs[idx[0]])] * (R - len(idx))
-        with torch.no_grad():
-            res = on_batch(idx, ids, lengths, [lm_logits(m, ids, mask).once() for m in models])
-        bar.update(len(idx))
-        yield res
-    bar.close()
-
 def _iter_panel_of_ids(lm, id_lists: list, caps: list, budget: int, granule: int = 64, desc: str = "scoring"):
     """(positions, panel statistics) of the token lists, list i truncated to caps[i], one part per device batch (so the
     cache stores each batch as it finishes); lists below 2 predicted tokens come first, as None."""
@@ -204,7 +72,7 @@ def _iter_panel_of_ids(lm, id_lists: list, caps: list, budget: int, granule: int
         pos = [todo[i] for i in idx]
         return pos, [{**st, "truncated": len(id_lists[j]) > caps[j], "n_tokens_input": len(id_lists[j])}
                      for j, st in zip(pos, panel_batch(logits[0], ids, lengths, lm.tokenizer.pad_token_id))]
-    yield from _forward_batches([lm], [cut[i] for i in todo], budget, granule, desc, take)
+    yield from forward_batches([lm], [cut[i] for i in todo], budget, granule, desc, take)
 
 def _panel_of_ids(lm, id_lists: list, caps: list, budget: int, granule: int = 64, desc: str = "scoring") -> list:
     "Panel statistics (or None below 2 predicted tokens) of token lists, list i truncated to caps[i], in device batches."
@@ -215,68 +83,11 @@ def _panel_of_ids(lm, id_lists: list, caps: list, budget: int, granule: int = 64
 
 def panel_from_logits(logits, labels, ref_logits=None, chunk: int = 8) -> dict:
     "Likelihood-family statistics from scoring logits (T, V) predicting `labels` (T,); reference logits optional."
-    ll, rk, ent, mu, var, _ = (a.cpu() for a in _position_stats(logits, labels, ref_logits))
+    ll, rk, ent, mu, var, _ = (a.cpu() for a in position_stats(logits, labels, ref_logits))
     m_ll, m_lr = float(ll.mean()), float(rk.log().mean())
     return {"n_tokens": int(labels.shape[0]), "ll": m_ll, "logrank": m_lr, "rank": float(rk.mean()),
             "entropy": float(ent.mean()), "lrr": -m_ll / m_lr if m_lr > 0 else math.inf,
             "fdg": float((ll.sum() - mu.sum()) / var.sum().sqrt())}
-
-# %% ../nbs/20_detectors.ipynb #b1137965
-@dataclass
-class LMUse:
-    "One reader of causal LMs' forward passes: its cache entries, the tokens each reads, and its values of a batch."
-    keys: dict             # name -> cache key; a name is a text's sha256 or a tuple that starts with it
-    seqs: dict             # name -> the token ids the passes read for that entry (None: valued without a pass)
-    take: Callable         # (names, lms, ids, lengths, logits) -> the values of the batch's first len(names) rows;
-                           # lms and logits: one per model of `specs`, in that order
-    short: Callable        # name -> the value of an entry that needs no pass (too few tokens)
-    desc: str = ""
-    specs: tuple = ()      # the models it reads, e.g. (observer, performer); () = the `spec` of `fetch_lm_uses`
-
-def _text_of(name) -> str: return name[0] if isinstance(name, tuple) else name
-
-def fetch_lm_uses(spec: str | None, cfg: dict, cache: Cache, uses: list, hold: bool = False) -> list:
-    """name -> value of every use (a list, one dict per use): cached values, and one pass of each model per distinct
-    (text, token sequence) among the missing entries, its logits read by every use that needs that sequence (a use
-    that is cached is not recomputed; a use of an observer/performer pair and one of the observer alone share the
-    observer's pass). A use without `specs` reads `spec`. Batches are stored as they finish; `hold` as `Cache.fetch`.
-    The models of a series of batches are the union of its readers'; batch shapes stay a function of each text's
-    length alone (the readers' models share their position limit: a pair shares a tokenizer and its limits)."""
-    from stealth_eval.models import load_causal_lm, lm_kwargs, scoring_budget
-    specs_of = lambda u: tuple(uses[u].specs or (spec,))
-    keys, same = {}, {}   # an entry two uses read (one cache key: one value) is fetched once, for the first of them
-    for u, use in enumerate(uses):
-        for n, k in use.keys.items():
-            if k in same: continue
-            same[k] = (u, n); keys[(u, n)] = k
-    def compute(miss):
-        short = [i for i, (u, n) in enumerate(miss) if uses[u].seqs[n] is None]
-        if short: yield short, [uses[miss[i][0]].short(miss[i][1]) for i in short]
-        groups = {}   # (text, tokens) -> positions in `miss` of the entries that read it
-        for i, (u, n) in enumerate(miss):
-            if uses[u].seqs[n] is not None: groups.setdefault((_text_of(n), tuple(uses[u].seqs[n])), []).append(i)
-        if not groups: return
-        lms = {}
-        def lm_of(s):
-            if s not in lms: lms[s] = load_causal_lm(s, **lm_kwargs(cfg))
-            return lms[s]
-        by_readers = {}   # the same readers of a sequence: one series of batches
-        for (h, s), pos in groups.items(): by_readers.setdefault(tuple(miss[i][0] for i in pos), []).append((s, pos))
-        for readers, items in by_readers.items():
-            models = list(dict.fromkeys(m for u in readers for m in specs_of(u)))   # the union of the readers' models
-            budget, granule = scoring_budget(cfg, lm_of(models[0]).device)
-            def take(idx, b_ids, lengths, logits, items=items, readers=readers, models=models):
-                out_pos, out_val = [], []
-                for k, u in enumerate(readers):
-                    pos = [items[i][1][k] for i in idx]
-                    at = [models.index(m) for m in specs_of(u)]
-                    out_pos += pos
-                    out_val += uses[u].take([miss[p][1] for p in pos], [lm_of(models[j]) for j in at], b_ids, lengths, [logits[j] for j in at])
-                return out_pos, out_val
-            desc = f"{' + '.join(uses[u].desc for u in readers)}: {' / '.join(models)}"
-            yield from _forward_batches([lm_of(m) for m in models], [s for s, _ in items], budget, granule, desc, take)
-    got = cache.fetch(keys, compute, hold=hold)
-    return [{n: got[same[k]] for n, k in use.keys.items()} for use in uses]
 
 # %% ../nbs/20_detectors.ipynb #d940fa48
 def panel_stats(lm, text: str, max_tokens: int = 512) -> dict | None:
@@ -290,10 +101,6 @@ def binoculars_from_logits(obs_logits, perf_logits, ids, pad_id=None, chunk: int
     return binoculars_batch(obs_logits[None], perf_logits[None], ids[None], [int(ids.shape[0])], pad_id)[0]
 
 # %% ../nbs/20_detectors.ipynb #043f5264
-def _log_softmax_list(zt: list) -> list:
-    mx = max(zt); lse = mx + math.log(sum(math.exp(v - mx) for v in zt))
-    return [v - lse for v in zt]
-
 def panel_reference(lm, text: str, ref_lm=None) -> dict:
     "Slow float64 reference: the same statistics computed token by token from the definitions."
     import torch
@@ -304,8 +111,8 @@ def panel_reference(lm, text: str, ref_lm=None) -> dict:
     lls, rks, ents, mus, vs = [], [], [], [], []
     for t in range(z.shape[0]):
         zt = z[t].tolist(); y = int(ids[t + 1])
-        lp = _log_softmax_list(zt); p = [math.exp(v) for v in lp]
-        q = [math.exp(v) for v in _log_softmax_list(zr[t].tolist())]
+        lp = log_softmax_list(zt); p = [math.exp(v) for v in lp]
+        q = [math.exp(v) for v in log_softmax_list(zr[t].tolist())]
         lls.append(lp[y])
         rks.append(1 + sorted(zt, reverse=True).index(zt[y]))     # 1-based position in the descending order
         ents.append(-sum(pi * li for pi, li in zip(p, lp)))
@@ -324,31 +131,24 @@ def binoculars_reference(obs_lm, perf_lm, text: str, pad_id=None) -> float:
     with torch.no_grad():
         zo, zp = obs_lm.model(ids[None]).logits[0].double(), perf_lm.model(ids[None]).logits[0].double()
     L = len(ids)
-    ce = [-_log_softmax_list(zp[i].tolist())[int(ids[i + 1])] for i in range(L - 1)]
+    ce = [-log_softmax_list(zp[i].tolist())[int(ids[i + 1])] for i in range(L - 1)]
     xs = []
     for i in range(L):
         if pad_id is not None and int(ids[i]) == pad_id: continue
-        lq, lo = _log_softmax_list(zp[i].tolist()), _log_softmax_list(zo[i].tolist())
+        lq, lo = log_softmax_list(zp[i].tolist()), log_softmax_list(zo[i].tolist())
         xs.append(-sum(math.exp(a) * b for a, b in zip(lo, lq)))
     return (sum(ce) / len(ce)) / (sum(xs) / len(xs))
 
 # %% ../nbs/20_detectors.ipynb #ad2c5310
-def _window(w, model_spec: str, cfg: dict) -> int:
-    "Tokens a detector scores: 'profile' (the run's `score_max_tokens`), 'model' (the model's limit) or a number."
-    from stealth_eval.models import model_max_tokens
-    if w in (None, "profile"): return int(cfg["score_max_tokens"])
-    if w == "model": return model_max_tokens(model_spec, trust_remote_code=cfg.get("trust_remote_code", False))
-    return int(w)
-
 @dataclass(frozen=True, kw_only=True)
 class PanelDetector(Detector):
     "A statistic of the likelihood panel: one forward pass of the scoring LM serves every panel detector."
     window: object = "profile"   # its reference's token window: "profile", "model" or a number (`score_windows` overrides)
 
     def window_of(self, cfg: dict) -> int:
-        return _window((cfg.get("score_windows") or {}).get(self.name, self.window), cfg["scoring_model"], cfg)
+        return scoring_window((cfg.get("score_windows") or {}).get(self.name, self.window), cfg["scoring_model"], cfg)
     def source(self, cfg: dict) -> tuple: return ("lm_panel", cfg["scoring_model"], self.window_of(cfg))
-    def model(self, cfg: dict) -> str: return _identity_of(cfg["scoring_model"], cfg)
+    def model(self, cfg: dict) -> str: return model_identity(cfg["scoring_model"], cfg)
     def compute(self, texts: list, cfg: dict, cache) -> dict:
         return score_texts(texts, cfg["scoring_model"], cfg, cache, max_tokens=self.window_of(cfg))
 
@@ -365,7 +165,7 @@ class BinocularsPair(Detector):
     window: object = 512
 
     def window_of(self, cfg: dict) -> int:
-        return _window((cfg.get("score_windows") or {}).get(self.name, self.window), cfg["binoculars_performer"], cfg)
+        return scoring_window((cfg.get("score_windows") or {}).get(self.name, self.window), cfg["binoculars_performer"], cfg)
     def unavailable(self, cfg: dict) -> str:
         from stealth_eval.models import available_offline, offline_mode
         obs, perf = cfg.get("binoculars_observer"), cfg.get("binoculars_performer")
@@ -377,7 +177,7 @@ class BinocularsPair(Detector):
         return ""
     def source(self, cfg: dict) -> tuple:
         return ("binoculars_pair", cfg["binoculars_observer"], cfg["binoculars_performer"], self.window_of(cfg))
-    def model(self, cfg: dict) -> str: return f"{_identity_of(cfg['binoculars_observer'], cfg)} | {_identity_of(cfg['binoculars_performer'], cfg)}"
+    def model(self, cfg: dict) -> str: return f"{model_identity(cfg['binoculars_observer'], cfg)} | {model_identity(cfg['binoculars_performer'], cfg)}"
     def lm_uses(self, texts: list, cfg: dict, cache) -> list:
         return [(cfg["binoculars_observer"], binoculars_use(texts, cfg, cache, self.window_of(cfg)))]
     def compute(self, texts: list, cfg: dict, cache) -> dict: return score_binoculars_pair(texts, cfg, cache, self.window_of(cfg))
@@ -420,7 +220,7 @@ def panel_use(texts: list, model_spec: str, cfg: dict, cache: Cache, windows: li
     from stealth_eval.models import load_tokenizer, model_max_tokens
     windows = sorted({int(w) for w in windows})
     uniq = {sha256_text(t): t for t in texts}
-    identity = _identity_of(model_spec, cfg)
+    identity = model_identity(model_spec, cfg)
     tok = load_tokenizer(model_spec, trust_remote_code=cfg["trust_remote_code"])
     ids = dict(zip(uniq, tok(list(uniq.values()), truncation=False).input_ids))
     M = model_max_tokens(model_spec, trust_remote_code=cfg["trust_remote_code"])    # no window past the model's positions
@@ -449,7 +249,7 @@ def binoculars_use(texts: list, cfg: dict, cache: Cache, max_tokens: int = 512) 
     "Binoculars' read of the observer's and the performer's passes (`LMUse`) over each text's first `max_tokens` tokens."
     from stealth_eval.models import load_tokenizer, model_max_tokens
     obs_spec, perf_spec = cfg["binoculars_observer"], cfg["binoculars_performer"]
-    ident = [_identity_of(obs_spec, cfg), _identity_of(perf_spec, cfg)]
+    ident = [model_identity(obs_spec, cfg), model_identity(perf_spec, cfg)]
     uniq = {sha256_text(t): t for t in texts}
     kw = dict(trust_remote_code=cfg["trust_remote_code"])
     max_tokens = min(max_tokens, *(model_max_tokens(s, **kw) for s in (obs_spec, perf_spec)))   # within both models' positions
@@ -472,11 +272,6 @@ def score_binoculars_pair(texts: list, cfg: dict, cache: Cache, max_tokens: int 
     return fetch_lm_uses(None, cfg, cache, [binoculars_use(texts, cfg, cache, max_tokens)])[0]
 
 # %% ../nbs/20_detectors.ipynb #2bc79d6a
-def _identity_of(model_spec: str, cfg: dict) -> str:
-    "The model's identity for cache keys (`models.lm_identity`: loads nothing for embedded or local models)."
-    from stealth_eval.models import lm_identity, lm_kwargs
-    return lm_identity(model_spec, **lm_kwargs(cfg))
-
 def _merge_skipped(path: Path, skipped: dict):
     "Set the 'detectors' key of `skipped.json`, keeping what other stages wrote there (e.g. 'methods')."
     from stealth_eval.core import read_json

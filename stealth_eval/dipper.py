@@ -202,9 +202,9 @@ def dipper_lm_prompt(dipper_input_text: str) -> str:
 
 def method_dipper_lm(items: list, cfg, cache) -> list:
     "DIPPER's window protocol realised by the instruct paraphraser (offline stand-in for `dipper`)."
-    from stealth_eval.paraphrase import _identity_of_target, _tok, clean_answer, generate_answers, paraphraser_of
+    from stealth_eval.paraphrase import target_identity, target_tokenizer, clean_answer, generate_answers, paraphraser_of
     dc, target = cfg["dipper"], paraphraser_of(cfg)
-    tok = _tok(target)
+    tok = target_tokenizer(target)
     jobs = _jobs(items, cfg, "dipper_lm")
     ratio = float(cfg.get("paraphrase_max_new_ratio", 2.0))
     def gen(xs, seeds):
@@ -215,7 +215,7 @@ def method_dipper_lm(items: list, cfg, cache) -> list:
         return [" ".join(_SENT_TAGS.sub("", clean_answer(a)).split()) for a in ans]
     pw = int(dc.get("prefix_words", PREFIX_WORDS))
     res = dipper_loop([j[3] for j in jobs], int(dc["sent_interval"]), gen, pw)
-    return _outputs(items, jobs, res, {"model": _identity_of_target(target, cfg), "sent_interval": int(dc["sent_interval"]),
+    return _outputs(items, jobs, res, {"model": target_identity(target, cfg), "sent_interval": int(dc["sent_interval"]),
                                        "top_p": float(dc["top_p"]), "prefix_words": pw, "stands_in_for": "dipper"})
 
 METHODS.register(FunctionMethod(name="dipper_lm", fn=method_dipper_lm, narrow_fn=narrow_dipper, color="C9",

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from .components import DETECTORS, Detector
 from .core import Cache, StealthEvalError, sha256_text
-from .detectors import BinocularsPair, PanelDetector, _position_stats, _row_arrays, _identity_of, _log_softmax_list, _row_masks, _window
+from .detectors import BinocularsPair, PanelDetector
+from .stream import log_softmax_list, model_identity, position_stats, row_arrays, row_masks, scoring_window
 
 # %% auto #0
 __all__ = ['DNA_VERSION', 'DNA_SINGLE', 'dna_batch', 'dna_reference', 'dna_use', 'score_dna', 'DNADetectLLMPair']
@@ -21,8 +22,8 @@ DNA_VERSION = "dna-v1"   # bump whenever this computation changes: part of every
 def _dna_terms(z, y, ref=None):
     """Per-position terms of logits `z` (N, V) predicting `y` (N,), float64: -log p(y), the repaired token's loss
     -log max_v p(v) = log sum exp(z - max z), and the cross-entropy -E_q[log p] (q = softmax(ref), or p without `ref`).
-    All three are the panel's `detectors._position_stats` (-ll, log S, -mu): one accumulation, not a second copy."""
-    ll, _, _, mu, _, logS = _position_stats(z, y, ref)
+    All three are the panel's `stream.position_stats` (-ll, log S, -mu): one accumulation, not a second copy."""
+    ll, _, _, mu, _, logS = position_stats(z, y, ref)
     return -ll, logS, -mu
 
 # %% ../nbs/27_dna_detectllm.ipynb #d7a10009
@@ -31,9 +32,9 @@ def dna_batch(obs_logits, perf_logits, ids, lengths, pad_id=None) -> list:
     tokens; `obs_logits` None: the performer in both roles), computed on the performer logits' device; only per-row
     scalars leave it: {'dna_detectllm', 'log_ppl', 'log_ppl_repaired', 'x_ppl', 'n_tokens'}, in nats."""
     import torch
-    ll, _, _, mu, _, fixed = _row_arrays(perf_logits, ids, ref_logits=obs_logits)   # the panel's blocks, in float64
+    ll, _, _, mu, _, fixed = row_arrays(perf_logits, ids, ref_logits=obs_logits)   # the panel's blocks, in float64
     nll, xent = -ll, -mu
-    pred, keep = _row_masks(ids.to(perf_logits.device), lengths, pad_id)
+    pred, keep = row_masks(ids.to(perf_logits.device), lengths, pad_id)
     T = pred.sum(1)
     ppl, ppl_star = (nll * pred).sum(1) / T, (fixed * pred).sum(1) / T
     x = (xent * keep).sum(1) / keep.sum(1)
@@ -48,7 +49,7 @@ def dna_reference(obs_lm, perf_lm, text: str, pad_id=None, max_tokens: int | Non
     with torch.no_grad():
         zp = perf_lm.model(torch.tensor([ids])).logits[0].double()
         zo = zp if obs_lm is None else obs_lm.model(torch.tensor([ids])).logits[0].double()
-    lp = [_log_softmax_list(zp[i].tolist()) for i in range(len(ids))]
+    lp = [log_softmax_list(zp[i].tolist()) for i in range(len(ids))]
     ce = [-lp[i][ids[i + 1]] for i in range(len(ids) - 1)]
     star = []
     for i in range(len(ids) - 1):
@@ -57,7 +58,7 @@ def dna_reference(obs_lm, perf_lm, text: str, pad_id=None, max_tokens: int | Non
     xs = []
     for i in range(len(ids)):
         if pad_id is not None and ids[i] == pad_id: continue
-        lo = _log_softmax_list(zo[i].tolist())
+        lo = log_softmax_list(zo[i].tolist())
         xs.append(-sum(math.exp(a) * b for a, b in zip(lo, lp[i])))
     return (sum(ce) / len(ce) + sum(star) / len(star)) / (2 * sum(xs) / len(xs))
 
@@ -65,7 +66,7 @@ def dna_reference(obs_lm, perf_lm, text: str, pad_id=None, max_tokens: int | Non
 def dna_use(texts: list, cfg: dict, cache: Cache, obs_spec: str, perf_spec: str, max_tokens: int = 1024):
     """DNA-DetectLLM's read of the observer's and the performer's passes (`detectors.LMUse`; one model's when they are
     the same spec) over each text's first `max_tokens` tokens."""
-    from stealth_eval.detectors import LMUse
+    from stealth_eval.stream import LMUse
     from stealth_eval.models import load_tokenizer, model_max_tokens
     uniq = {sha256_text(t): t for t in texts}
     one = obs_spec == perf_spec
@@ -75,7 +76,7 @@ def dna_use(texts: list, cfg: dict, cache: Cache, obs_spec: str, perf_spec: str,
     ids = dict(zip(uniq, load_tokenizer(perf_spec, **kw)(list(uniq.values()), truncation=False).input_ids))
     if not one and any(o != ids[h] for h, o in zip(uniq, load_tokenizer(obs_spec, **kw)(list(uniq.values()), truncation=False).input_ids)):
         raise StealthEvalError(f"dna_detectllm: {obs_spec} and {perf_spec} tokenize differently; the observer and performer must share a tokenizer")
-    ident = [_identity_of(s, cfg) for s in (obs_spec, perf_spec)]
+    ident = [model_identity(s, cfg) for s in (obs_spec, perf_spec)]
     n_of = lambda h: min(len(ids[h]), max_tokens)
     keys = {h: cache.key("dna_detectllm", models=ident, text=h, scored_tokens=n_of(h), version=DNA_VERSION) for h in uniq}
     def take(names, lms, b_ids, lengths, logits):
@@ -89,7 +90,7 @@ def score_dna(texts: list, cfg: dict, cache: Cache, obs_spec: str, perf_spec: st
     """sha256(text) -> DNA-DetectLLM statistics (or None below 2 predicted tokens) over the text's first `max_tokens`
     tokens, `obs_spec` observing and `perf_spec` performing (the same spec: one model, one forward pass). Each device
     batch is cached as it finishes."""
-    from stealth_eval.detectors import fetch_lm_uses
+    from stealth_eval.stream import fetch_lm_uses
     if not texts: return {}
     return fetch_lm_uses(None, cfg, cache, [dna_use(texts, cfg, cache, obs_spec, perf_spec, max_tokens)])[0]
 

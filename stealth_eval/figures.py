@@ -775,7 +775,7 @@ def plot_shield(r, path) -> dict:
 # %% ../nbs/40_figures.ipynb #a1bd814e
 def apt_domain_data(A: dict, ds: str) -> dict:
     "APT-Eval Fig. 17's numbers from metrics_apt.json: {rule, levels, conditions, domains, rates: {detector | mean: (domains, levels)}}; {} if none."
-    from stealth_eval.metrics import _APT_RULES, _apt_level_label, _num_level
+    from stealth_eval.metrics import APT_RULES, apt_level_label, apt_level_order
     dd = A.get("datasets", {}).get(ds, {})
     conds = {}
     for d in dd.values():
@@ -785,14 +785,14 @@ def apt_domain_data(A: dict, ds: str) -> dict:
     if not conds: return {}
     doms = sorted({m for e in conds.values() for m in e["by_polisher"]["all"]["by_domain"]})
     rk = "_acc" if any("threshold_acc" in e["by_polisher"].get("all", {}) for d in dd.values() for e in d.values()) else "1"
-    order = sorted(conds, key=lambda c: (conds[c]["polish"], _num_level(conds[c]["level"]), c))
+    order = sorted(conds, key=lambda c: (conds[c]["polish"], apt_level_order(conds[c]["level"]), c))
     get = lambda det, c, m: dd[det].get(c, {}).get("by_polisher", {}).get("all", {}).get("by_domain", {}).get(m, {}).get(f"flag_rate{rk}")
     rates = {det: np.array([[np.nan if (v := get(det, c, m)) is None else v for c in order] for m in doms]) for det in dd}
     import warnings
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)          # a cell no detector has stays NaN
         rates["mean over detectors"] = np.nanmean(np.stack(list(rates.values())), axis=0)
-    return {"rule": dict(_APT_RULES)[rk], "levels": [_apt_level_label(conds[c]) for c in order], "conditions": order,
+    return {"rule": dict(APT_RULES)[rk], "levels": [apt_level_label(conds[c]) for c in order], "conditions": order,
             "domains": doms, "rates": rates}
 
 # %% ../nbs/40_figures.ipynb #a85d42b3

@@ -221,7 +221,7 @@ def doc_start_id(tok) -> int:
 
 def _batch_token_logprobs(logits, ids, lengths, chunk: int = 8) -> list:
     """Per row: log p(token i | start + tokens < i) of its tokens after the start token: z_y - max z - log sum
-    exp(z - max z), the exponentials and their sum in float32 (as the panel's log-likelihood, `detectors._position_stats`),
+    exp(z - max z), the exponentials and their sum in float32 (as the panel's log-likelihood, `stream.position_stats`),
     the rest in float64; `chunk` positions at a time, a block that stays in a CPU's cache. A float64 log-sum-exp over
     the vocabulary cost this reader 4-5x as much on Gemma's 262,144 words; the two agree to 3e-7 there."""
     import torch
@@ -240,7 +240,7 @@ def _batch_token_logprobs(logits, ids, lengths, chunk: int = 8) -> list:
 def token_logprobs_use(texts: list, spec: str, cfg: dict, cache: Cache, max_tokens: int) -> tuple:
     """The per-token stream's read of `spec`'s forward pass (`detectors.LMUse`), one entry per text: the document
     start, then the text's first `max_tokens` tokens; and sha256(text) -> the text's whole token count."""
-    from stealth_eval.detectors import LMUse, _identity_of
+    from stealth_eval.stream import LMUse, model_identity
     from stealth_eval.models import load_tokenizer, model_max_tokens
     uniq = {sha256_text(t): t for t in texts}
     tok = load_tokenizer(spec, trust_remote_code=cfg["trust_remote_code"])
@@ -249,7 +249,7 @@ def token_logprobs_use(texts: list, spec: str, cfg: dict, cache: Cache, max_toke
     ids = {h: e[:W] for h, e in zip(uniq, enc.input_ids)}
     ends = {h: [int(o[1]) for o in off[:W]] for h, off in zip(uniq, enc.offset_mapping)}
     start = doc_start_id(tok)
-    keys = {h: cache.key("ghostbuster_lm", model=_identity_of(spec, cfg), text=h, tokens=len(ids[h]), version=STREAMS_VERSION)
+    keys = {h: cache.key("ghostbuster_lm", model=model_identity(spec, cfg), text=h, tokens=len(ids[h]), version=STREAMS_VERSION)
             for h in uniq}
     def take(names, lms, b_ids, lengths, logits):
         lps = _batch_token_logprobs(logits[0], b_ids, lengths[:len(names)])
@@ -261,8 +261,8 @@ def token_logprobs_use(texts: list, spec: str, cfg: dict, cache: Cache, max_toke
 def token_logprobs(texts: list, spec: str, cfg: dict, cache: Cache, max_tokens: int) -> dict:
     """sha256(text) -> {'ids', 'logp', 'ends', 'n_tokens_input'}: each of the text's first `max_tokens` tokens (this LM's tokenizer, no special
     tokens) with its log-probability after the document start and the tokens before it, and the character where it
-    ends. Device batches shaped by length alone (`detectors._forward_batches`); cached by (model, text, tokens)."""
-    from stealth_eval.detectors import fetch_lm_uses
+    ends. Device batches shaped by length alone (`stream.forward_batches`); cached by (model, text, tokens)."""
+    from stealth_eval.stream import fetch_lm_uses
     if not texts: return {}
     use, n_in = token_logprobs_use(texts, spec, cfg, cache, max_tokens)
     return {h: {**v, "n_tokens_input": n_in[h]} for h, v in fetch_lm_uses(spec, cfg, cache, [use])[0].items()}
@@ -311,7 +311,7 @@ def text_streams(texts: list, cfg: dict, cache: Cache) -> dict:
     """sha256(text) -> the four probability vectors on the scoring model's tokens of the text's first
     `score_max_tokens` tokens (+ word lengths, token count, truncation), or None below 1 token. The weak LM reads the
     same characters with its own tokenizer; its log-probabilities are moved onto the scoring tokens (`align_logprobs`)."""
-    from stealth_eval.detectors import _identity_of
+    from stealth_eval.stream import model_identity
     from stealth_eval.models import load_tokenizer
     opts, uniq = ghostbuster_opts(cfg), {sha256_text(t): t for t in texts}
     spec = cfg["scoring_model"]
@@ -324,7 +324,7 @@ def text_streams(texts: list, cfg: dict, cache: Cache) -> dict:
         o = other.get(sha256_text(docs[h])) if h in docs else None
         if o is None or not o["ends"] or o["ends"][-1] < m["ends"][-1]:
             out[h] = None; continue   # no token, or the weak LM's positions end before the text does: no score, never a partial one
-        if ng is None: ng = ngram_model(tok, _identity_of(spec, cfg), opts["corpus"])
+        if ng is None: ng = ngram_model(tok, model_identity(spec, cfg), opts["corpus"])
         tri, uni = ng.score(m["ids"])
         out[h] = {"scoring": np.exp(np.asarray(m["logp"])), "weak": np.exp(align_logprobs(m["ends"], o["ends"], o["logp"])),
                   "trigram": tri, "unigram": uni, "word_lengths": word_lengths(tok.convert_ids_to_tokens(m["ids"])),
@@ -509,12 +509,12 @@ def train_and_score_ghostbuster(texts: list, cfg: dict, cache: Cache) -> dict:
     """Fit (or fetch, by the training split's content) Ghostbuster on the training split, save it with the run, and
     score `texts`: sha256(text) -> {'p_ai', 'n_tokens_input', 'truncated'} or None."""
     import sklearn
-    from stealth_eval.detectors import _identity_of
+    from stealth_eval.stream import model_identity
     from stealth_eval.supervised import training_set
     opts = ghostbuster_opts(cfg)
     tr_texts, y, counts = training_set(cfg, exclude={sha256_text(t) for t in texts})
     train_hash = stable_hash([[sha256_text(t), int(l)] for t, l in zip(tr_texts, y)])
-    idents = {"scoring_model": _identity_of(cfg["scoring_model"], cfg), "weak_model": _identity_of(opts["weak_model"], cfg),
+    idents = {"scoring_model": model_identity(cfg["scoring_model"], cfg), "weak_model": model_identity(opts["weak_model"], cfg),
               "corpus": corpus_identity(opts["corpus"])}
     k = cache.key("ghostbuster_local_fit", train=train_hash, models=idents, opts=opts, score_max_tokens=cfg["score_max_tokens"],
                   seed=cfg.get("seed", 0), version=FIT_VERSION)

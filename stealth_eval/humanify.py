@@ -289,7 +289,7 @@ class MaskedInfill:
     def __init__(self, spec: str, device: str = "auto", batch_size: int = 8):
         import torch
         from transformers import AutoModelForMaskedLM, AutoTokenizer
-        from stealth_eval.models import _local_identity, offline_mode, resolve_device
+        from stealth_eval.models import local_identity, offline_mode, resolve_device
         self.spec, self.batch_size = spec, batch_size
         self.device = resolve_device(device)
         p = Path(spec).expanduser()
@@ -300,7 +300,7 @@ class MaskedInfill:
         except (OSError, ValueError) as e:
             raise ComponentUnavailable(f"masked LM {spec!r} cannot load here: {str(e).splitlines()[0]}") from None
         if self.tok.mask_token_id is None: raise ComponentUnavailable(f"{spec!r} has no mask token: not a masked LM")
-        self.identity = (f"{p.name}@local:{_local_identity(p)}" if p.is_dir()
+        self.identity = (f"{p.name}@local:{local_identity(p)}" if p.is_dir()
                          else f"{spec}@{getattr(self.model.config, '_commit_hash', None) or 'unknown-revision'}")
         self._tables = {None: _word_token_table(self.tok)}
         from stealth_eval.models import encoder_max_tokens

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .components import DETECTORS, Detector
 from .core import sha256_text
-from .detectors import _forward_batches, _identity_of, _log_softmax_list, _window
+from .stream import forward_batches, log_softmax_list, model_identity, scoring_window
 from .schema import Lastde
 
 # %% auto #0
@@ -157,14 +157,14 @@ def lastde_use(texts: list, cfg: dict, cache, max_tokens: int):
     """Lastde's read of the scoring model's forward pass (`detectors.LMUse`): one entry per text, both statistics, over
     the text's first `max_tokens` tokens; texts too short for either statistic are valued without a pass."""
     import torch
-    from stealth_eval.detectors import LMUse
+    from stealth_eval.stream import LMUse
     from stealth_eval.models import load_tokenizer, model_max_tokens, resolve_device, scoring_budget
     spec, prm, seed = cfg["scoring_model"], lastde_params(cfg), int(cfg.get("seed", 0))
     uniq = {sha256_text(t): t for t in texts}
     tok = load_tokenizer(spec, trust_remote_code=cfg.get("trust_remote_code", False))
     ids = dict(zip(uniq, tok(list(uniq.values()), truncation=False).input_ids))
     W = min(int(max_tokens), model_max_tokens(spec, trust_remote_code=cfg.get("trust_remote_code", False)))
-    identity = _identity_of(spec, cfg)
+    identity = model_identity(spec, cfg)
     # Padded batches (a token budget) and one unpadded text per pass give float32 logits that differ in their last bits,
     # which Lastde++'s 8n-bin histogram can amplify to 5e-3 relative: the two are cached apart, so a cached value always
     # equals what this run's batching recomputes (batch mates never matter: batches are shaped by each text's length).
@@ -185,7 +185,7 @@ def lastde_use(texts: list, cfg: dict, cache, max_tokens: int):
 def lastde_scores(texts: list, cfg: dict, cache, max_tokens: int) -> dict:
     """sha256(text) -> the Lastde / Lastde++ entry of the text's first `max_tokens` tokens under the run's
     `scoring_model`, computing only what the cache lacks, in device batches stored as they finish."""
-    from stealth_eval.detectors import fetch_lm_uses
+    from stealth_eval.stream import fetch_lm_uses
     if not texts: return {}
     return fetch_lm_uses(cfg["scoring_model"], cfg, cache, [lastde_use(texts, cfg, cache, max_tokens)])[0]
 
@@ -204,10 +204,10 @@ class LastdeDetector(Detector):
     none_reason: str = "too few tokens for Lastde's multiscale embedding"
 
     def window_of(self, cfg: dict) -> int:
-        return _window((cfg.get("score_windows") or {}).get(self.name, self.window), cfg["scoring_model"], cfg)
+        return scoring_window((cfg.get("score_windows") or {}).get(self.name, self.window), cfg["scoring_model"], cfg)
     def source(self, cfg: dict) -> tuple:
         return ("lastde", self.name, cfg["scoring_model"], self.window_of(cfg), tuple(sorted(lastde_params(cfg).items())), cfg.get("seed", 0))
-    def model(self, cfg: dict) -> str: return _identity_of(cfg["scoring_model"], cfg)
+    def model(self, cfg: dict) -> str: return model_identity(cfg["scoring_model"], cfg)
     def why_none(self, h: str) -> str: return _REASONS.get(self.name, {}).get(h, self.none_reason)
     def lm_uses(self, texts: list, cfg: dict, cache) -> list:
         return [(cfg["scoring_model"], lastde_use(texts, cfg, cache, self.window_of(cfg)))]
@@ -235,7 +235,7 @@ def lastde_reference(lm, text: str, prm: dict, seed: int = 0, max_tokens: int | 
     U = text_uniforms(sha256_text(text), seed, n, K).tolist()
     x, xs = [], [[] for _ in range(K)]
     for t in range(n):
-        lp = _log_softmax_list(z[t].tolist())
+        lp = log_softmax_list(z[t].tolist())
         x.append(lp[ids[t + 1]])
         cum, acc = [], 0.0
         for v in lp: acc += math.exp(v); cum.append(acc)

@@ -18,18 +18,19 @@ from .core import md_tex, stable_hash, write_json
 __all__ = ['SHIELD_K', 'SHIELD_LAMBDA', 'WAUROC_TIES', 'YOUDEN_TIES', 'APT_CALIB_PREFIX', 'APT_FPR_VARIANT', 'BEEMO_EDIT_BINS',
            'BEEMO_CATEGORIES', 'LENGTH_BINS', 'PLATT_L2', 'PLATT_MAX_ITER', 'PLATT_TOL', 'P_CLIP', 'ECE_BINS',
            'PROVIDER_PROBABILITY', 'CALIBRATOR_FITS', 'CALIBRATION_SPLIT', 'TABLE_COLS', 'HIGHER_IS_BETTER',
-           'RESULT_FILES', 'threshold_at_fpr', 'auroc_rows', 'tpr_rows', 'bootstrap_indices', 'detector_metrics',
-           'valid_set', 'invalid_reasons', 'human_draw', 'calibration_humans', 'calibration_sets', 'measured',
-           'left_out_note', 'human_scores', 'condition_scores', 'common_view', 'compute_metrics', 'roc_counts_rows',
-           'wauroc_rows', 'youden_rows', 'sfd', 'urss', 'shield_choices', 'compute_shield', 'tau_rows',
-           'fit_youden_threshold', 'tau_cv', 'compute_tau', 'tau_table2', 'polish_level', 'threshold_max_accuracy',
-           'accuracy_rows', 'compute_apt', 'beemo_version', 'edit_range_labels', 'edit_range', 'beemo_edit_facts',
-           'compute_beemo', 'bin_labels', 'length_bin', 'masked_rate_rows', 'compute_deployment',
+           'RESULT_FILES', 'APT_RULES', 'threshold_at_fpr', 'auroc_rows', 'tpr_rows', 'bootstrap_indices',
+           'detector_metrics', 'valid_set', 'invalid_reasons', 'human_draw', 'calibration_humans', 'calibration_sets',
+           'measured', 'left_out_note', 'human_scores', 'condition_scores', 'common_view', 'compute_metrics',
+           'roc_counts_rows', 'wauroc_rows', 'youden_rows', 'sfd', 'urss', 'shield_choices', 'compute_shield',
+           'tau_rows', 'fit_youden_threshold', 'tau_cv', 'compute_tau', 'tau_table2', 'polish_level',
+           'threshold_max_accuracy', 'accuracy_rows', 'compute_apt', 'beemo_version', 'edit_range_labels', 'edit_range',
+           'beemo_edit_facts', 'compute_beemo', 'bin_labels', 'length_bin', 'masked_rate_rows', 'compute_deployment',
            'compute_human_attacks', 'platt_fit', 'platt_apply', 'gaussian2_fit', 'gaussian2_apply', 'aupr_rows',
            'brier_rows', 'ece_rows', 'reliability_bins', 'decision_rows', 'risk_coverage_rows', 'aurc_rows',
            'calibrators_of', 'calibration_folds', 'source_groups', 'compute_probability', 'probability_frame',
            'metrics_long', 'metrics_json_from_table', 'sample_counts', 'results_info', 'output_polishers',
-           'run_metrics_stage', 'metrics_table', 'detector_validity', 'validity_note', 'extra_tables']
+           'run_metrics_stage', 'metrics_table', 'detector_validity', 'validity_note', 'apt_level_label',
+           'apt_level_order', 'extra_tables']
 
 # %% ../nbs/30_calibration_metrics.ipynb #57c2c967
 def threshold_at_fpr(h, alpha: float):
@@ -1854,9 +1855,10 @@ def _tau_tables(T: dict) -> list:
     return out
 
 # %% ../nbs/30_calibration_metrics.ipynb #6b43ccbb
-_APT_RULES = (("_acc", "APT-Eval: max accuracy"), ("_fpr5", "APT-Eval: 5% FPR (App. B)"), ("1", "spec: 1% FPR"))
+APT_RULES = (("_acc", "APT-Eval: max accuracy"), ("_fpr5", "APT-Eval: 5% FPR (App. B)"), ("1", "spec: 1% FPR"))
 
-def _apt_level_label(e: dict) -> str:
+def apt_level_label(e: dict) -> str:
+    "How a table names an APT-Eval polish level: `unedited`, a percentage, or the level's own name."
     return "unedited" if e["polish"] == "none" else f"{e['level']}%" if e["polish"] == "percent" else str(e["level"])
 
 def _apt_domain_tables(ds: str, dd: dict) -> list:
@@ -1876,8 +1878,8 @@ def _apt_domain_tables_for(ds: str, dd: dict) -> list:
     doms = sorted({m for d in dd.values() for e in d.values() for x in e["by_polisher"].values() for m in x.get("by_domain", {})})
     if not doms: return []
     rk = "_acc" if any("threshold_acc" in e["by_polisher"].get("all", {}) for d in dd.values() for e in d.values()) else "1"
-    order = sorted(conds, key=lambda c: (conds[c]["polish"] != "none", conds[c]["polish"], _num_level(conds[c]["level"]), c))
-    labels = [_apt_level_label(conds[c]) for c in order]
+    order = sorted(conds, key=lambda c: (conds[c]["polish"] != "none", conds[c]["polish"], apt_level_order(conds[c]["level"]), c))
+    labels = [apt_level_label(conds[c]) for c in order]
     labels = [l if labels.count(l) == 1 else f"{l} ({conds[c]['source']})" for l, c in zip(labels, order)]
     kinds = [k for k in ("degree", "percent") if any(conds[c]["polish"] == k for c in order)]
     rate = lambda det, c, p, m: dd[det].get(c, {}).get("by_polisher", {}).get(p, {}).get("by_domain", {}).get(m, {}).get(f"flag_rate{rk}")
@@ -1886,7 +1888,7 @@ def _apt_domain_tables_for(ds: str, dd: dict) -> list:
         return [_f(x) for x in vals + avg]
     mean = lambda xs: float(np.mean(xs)) if (xs := [x for x in xs if x is not None]) else None
     head = labels + [f"avg ({k})" for k in kinds]
-    rname = dict(_APT_RULES)[rk]
+    rname = dict(APT_RULES)[rk]
     rows = [[det, m] + row([rate(det, c, "all", m) for c in order]) for det in dd for m in doms]
     rows += [["mean over detectors", m] + row([mean([rate(det, c, "all", m) for det in dd]) for c in order]) for m in doms]
     note = (f"Share of the domain's valid texts at or above the detector's threshold ({rname}; one threshold per detector, as the "
@@ -1905,7 +1907,7 @@ def _apt_tables(A: dict) -> list:
     out = []
     for ds, dd in A["datasets"].items():
         pols = sorted({p for d in dd.values() for e in d.values() for p in e["by_polisher"] if p != "all"})
-        order = lambda kv: (kv[1]["polish"] != "none", kv[1]["polish"], _num_level(kv[1]["level"]), kv[0])
+        order = lambda kv: (kv[1]["polish"] != "none", kv[1]["polish"], apt_level_order(kv[1]["level"]), kv[0])
         rows = []
         for det, d in dd.items():
             for c, e in sorted(d.items(), key=order):
@@ -1921,7 +1923,7 @@ def _apt_tables(A: dict) -> list:
         if not cal: out += _apt_domain_tables(ds, dd); continue
         rows = [[det, c, name, _f(x.get(f"threshold{k}"), 4), _f(x.get(f"accuracy{k}"), 4) if k != "1" else "–",
                  _f(x.get(f"fpr_calib{k}" if k != "1" else "fpr1_calib"), 4)]
-                for det, c, x in cal for k, name in _APT_RULES]
+                for det, c, x in cal for k, name in APT_RULES]
         out.append(_md_tex(f"{ds}: detector thresholds on APT-Eval's calibration split (Table 6)",
                            ["Detector", "Condition", "Threshold rule", "Threshold", "Accuracy", "FPR (calibration humans)"], rows,
                            [f"Calibration: {cal[0][2].get('calibration', '–')}. Max accuracy: ties to the highest threshold. "
@@ -1943,7 +1945,8 @@ def _apt_tables(A: dict) -> list:
     return out
 
 # %% ../nbs/30_calibration_metrics.ipynb #b5c4e787
-def _num_level(x) -> float:
+def apt_level_order(x) -> float:
+    "Sort key of an APT-Eval polish level: its number, or the rank of a named level (extreme_minor < minor < slight_major < major)."
     try: return float(x)
     except (TypeError, ValueError): return {"extreme_minor": 0, "minor": 1, "slight_major": 2, "major": 3}.get(str(x), 9)
 

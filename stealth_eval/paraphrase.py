@@ -23,12 +23,12 @@ from .models import kv_cache_arg, kv_cache_of, row_seed, run_dtype
 # %% auto #0
 __all__ = ['PARAPHRASE_PROMPT', 'AUTHORMIST_PROMPT', 'CHENG_SYSTEM_PROMPT', 'POOL_VERSION', 'VLLM_LORA_RANKS',
            'TINY_CHAT_TEMPLATE', 'AUTHORMIST_MODEL', 'clean_answer', 'split_sentences', 'chunk_text', 'join_chunks',
-           'AdaptedSpec', 'tokenizer_of', 'generate_answers', 'vllm_lora_rank', 'vllm_engine_args', 'resolve_adapter',
-           'adapter_spec', 'load_adapted_lm', 'log_generations', 'paraphrase_pool', 'make_tiny_chat_lm',
-           'select_most_similar', 'select_guided', 'budget_outputs', 'narrow_budget', 'paraphraser_of',
-           'pool_similarities', 'sample_and_select', 'method_m1', 'method_m2', 'method_m4', 'rank_scale',
-           'select_ensemble', 'guide_rules', 'guide_detectors', 'guide_scores', 'method_m3', 'narrow_m3',
-           'token_guided_generate', 'token_guided_paraphrase']
+           'AdaptedSpec', 'tokenizer_of', 'target_tokenizer', 'generate_answers', 'vllm_lora_rank', 'vllm_engine_args',
+           'resolve_adapter', 'adapter_spec', 'load_adapted_lm', 'target_identity', 'log_generations',
+           'paraphrase_pool', 'make_tiny_chat_lm', 'select_most_similar', 'select_guided', 'budget_outputs',
+           'narrow_budget', 'paraphraser_of', 'pool_similarities', 'sample_and_select', 'method_m1', 'method_m2',
+           'method_m4', 'rank_scale', 'select_ensemble', 'guide_rules', 'guide_detectors', 'guide_scores', 'method_m3',
+           'narrow_m3', 'token_guided_generate', 'token_guided_paraphrase']
 
 # %% ../nbs/11_paraphrase.ipynb #2cf2b4a4
 PARAPHRASE_PROMPT = ("Please paraphrase the following text while maintaining its meaning and style. "
@@ -105,7 +105,8 @@ def tokenizer_of(spec: str):
     return tok
 
 # %% ../nbs/11_paraphrase.ipynb #11c2f8aa
-def _tok(target):
+def target_tokenizer(target):
+    "The tokenizer of a paraphraser target (a model spec, a loaded LM or an adapter on a base model)."
     from stealth_eval.models import LoadedLM
     if isinstance(target, LoadedLM): return target.tokenizer
     return tokenizer_of(target.base if isinstance(target, AdaptedSpec) else target)
@@ -134,8 +135,8 @@ def generate_answers(target,                 # model spec, LoadedLM or AdaptedSp
 def _model_config(spec: str, cfg: dict):
     "A causal LM's configuration, from its files alone (no weights)."
     from transformers import AutoConfig
-    from stealth_eval.models import _model_source, offline_mode
-    return AutoConfig.from_pretrained(_model_source(spec), trust_remote_code=bool(cfg.get("trust_remote_code", False)),
+    from stealth_eval.models import model_source, offline_mode
+    return AutoConfig.from_pretrained(model_source(spec), trust_remote_code=bool(cfg.get("trust_remote_code", False)),
                                       local_files_only=offline_mode())
 
 def _longest_row(tok, messages: list, system, max_new_tokens) -> int:
@@ -151,7 +152,7 @@ def _rows_per_batch(target, messages: list, max_new_tokens, system, cfg: dict) -
     if kv in (None, "auto") or not messages: return bs
     if isinstance(target, LoadedLM): conf, dtype = target.model.config, next(target.model.parameters()).dtype
     else: conf, dtype = _model_config(target.base if isinstance(target, AdaptedSpec) else target, cfg), run_dtype(cfg)
-    return decode_rows(conf, _longest_row(_tok(target), messages, system, max_new_tokens), bs, float(kv), dtype)
+    return decode_rows(conf, _longest_row(target_tokenizer(target), messages, system, max_new_tokens), bs, float(kv), dtype)
 
 # %% ../nbs/11_paraphrase.ipynb #a56b88e0
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)   # vLLM's `MaxLoRARanks` (vllm/config/lora.py)
@@ -213,7 +214,7 @@ def _vllm_generate(target, messages, seeds, cache, cfg, max_new_tokens, temperat
         raise StealthEvalError("generation_backend='vllm' needs the vllm package (pip install vllm) and a CUDA GPU") from None
     import torch
     if not torch.cuda.is_available(): raise StealthEvalError("generation_backend='vllm' needs a CUDA GPU; none is visible")
-    from stealth_eval.models import LoadedLM, _model_source, chat_prompt_ids, decode_rows, lm_identity, lm_kwargs
+    from stealth_eval.models import LoadedLM, model_source, chat_prompt_ids, decode_rows, lm_identity, lm_kwargs
     if isinstance(target, LoadedLM): base, adapter, identity = target.name, target.meta.get("adapter"), target.identity
     elif isinstance(target, AdaptedSpec): base, adapter, identity = target.base, target.adapter, target.identity
     else: base, adapter, identity = target, None, lm_identity(target, **lm_kwargs(cfg))
@@ -235,7 +236,7 @@ def _vllm_generate(target, messages, seeds, cache, cfg, max_new_tokens, temperat
     text_conf = conf.get_text_config() if hasattr(conf, "get_text_config") else conf
     kv = cfg.get("decode_kv_gb")
     rows = decode_rows(conf, longest, int(cfg.get("paraphrase_batch_size", 8)), None if kv in (None, "auto") else float(kv), dtype)
-    args = vllm_engine_args(cfg, str(_model_source(base)), longest, adapter,
+    args = vllm_engine_args(cfg, str(model_source(base)), longest, adapter,
                             getattr(text_conf, "max_position_embeddings", None), rows)
     def store(idx, texts):
         for i, t in zip(idx, texts): out[i] = cache.put(keys[i], t.strip())
@@ -267,9 +268,9 @@ def resolve_adapter(adapter: str) -> Path:
 # %% ../nbs/11_paraphrase.ipynb #11d0459f
 def adapter_spec(base: str, adapter: str, device: str = "auto", dtype: str = "auto") -> AdaptedSpec:
     "Base spec + adapter folder + identity `base_identity+lora:<hash of the adapter files>` (nothing is loaded)."
-    from stealth_eval.models import _local_identity, lm_identity
+    from stealth_eval.models import local_identity, lm_identity
     folder = resolve_adapter(adapter)
-    return AdaptedSpec(base, str(folder), f"{lm_identity(base, device=device, dtype=dtype)}+lora:{_local_identity(folder)}")
+    return AdaptedSpec(base, str(folder), f"{lm_identity(base, device=device, dtype=dtype)}+lora:{local_identity(folder)}")
 
 # %% ../nbs/11_paraphrase.ipynb #434098db
 @lru_cache(maxsize=2)
@@ -289,7 +290,8 @@ def load_adapted_lm(base: str, adapter: str, device: str = "auto", dtype: str = 
     return lm
 
 # %% ../nbs/11_paraphrase.ipynb #dc18a829
-def _identity_of_target(target, cfg) -> str:
+def target_identity(target, cfg) -> str:
+    "The cache identity of a paraphraser target (a model spec, a loaded LM or an adapter on a base model)."
     from stealth_eval.models import LoadedLM, lm_identity, lm_kwargs
     if isinstance(target, (LoadedLM, AdaptedSpec)): return target.identity
     return lm_identity(target, **lm_kwargs(cfg))
@@ -318,7 +320,7 @@ def paraphrase_pool(items: list,             # records with id, text (and datase
     prompt = prompt or cfg.get("paraphrase_prompt") or PARAPHRASE_PROMPT
     temperature = cfg.get("paraphrase_temperature", 0.9) if temperature is None else temperature
     top_p = cfg.get("paraphrase_top_p", 0.95) if top_p is None else top_p
-    tok = _tok(target)
+    tok = target_tokenizer(target)
     count = lambda s: len(tok(s, add_special_tokens=False).input_ids)
     max_chunk, ratio = cfg.get("paraphrase_chunk_tokens", 256), cfg.get("paraphrase_max_new_ratio", 2.0)
     msgs, seeds, mx, where, chunks_of = [], [], [], [], []
@@ -333,7 +335,7 @@ def paraphrase_pool(items: list,             # records with id, text (and datase
     answers = generate_answers(target, msgs, seeds, cache, cfg, mx, temperature, top_p, system, desc=f"{pool} pool") if msgs else []
     parts = {}
     for (i, k, j), a in zip(where, answers): parts[(i, k, j)] = clean_answer(a)
-    identity = _identity_of_target(target, cfg)
+    identity = target_identity(target, cfg)
     pools, log = [], []
     for i, it in enumerate(items):
         cands = []
@@ -659,7 +661,7 @@ def token_guided_paraphrase(items: list, cfg: dict, cache, guide: str, score_fn=
         score_fn = lambda texts: guide_scores(det, texts, cfg, nocache)
     else:
         guide_id = guide
-    identity = _identity_of_target(spec, cfg)
+    identity = target_identity(spec, cfg)
     lm, out, log = None, [], []
     for it in progress(items, desc=f"m3 token-guided ({guide})"):
         key = cache.key("m3_token_guided", model=identity, guide=[guide, guide_id], text=sha256_text(it["text"]),

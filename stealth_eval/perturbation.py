@@ -308,11 +308,11 @@ def masking(p: dict, stat: str = "") -> dict:
 
 def filler_identity(mode: str, cfg: dict, stat: str = "") -> str:
     "Identity of the span filler for cache keys, loading nothing (local files' hashes, or the hub's commit metadata)."
-    from stealth_eval.models import _local_identity, hub_identity, lm_identity, lm_kwargs
+    from stealth_eval.models import local_identity, hub_identity, lm_identity, lm_kwargs
     spec = _filler(mode, perturbation_params(cfg), stat)
     if mode == "lminfill": return lm_identity(spec, **lm_kwargs(cfg))
     q = Path(spec).expanduser()
-    return f"{q.name}@local:{_local_identity(q)}" if q.is_dir() else hub_identity(spec)
+    return f"{q.name}@local:{local_identity(q)}" if q.is_dir() else hub_identity(spec)
 
 # %% ../nbs/21_perturbation.ipynb #a5203f1e
 def _fit_words(text: str, tok, max_tokens: int) -> tuple:
@@ -507,10 +507,10 @@ class PerturbationDetector(Detector):
             return ("perturb_embed", self.filler, _filler(self.filler, p, self.stat), proxihuman_embedder(cfg), self._settings(cfg))
         return ("perturb_lm", self.filler, _filler(self.filler, p), perturbation_scorer(cfg), self._settings(cfg))
     def model(self, cfg: dict) -> str:
-        from stealth_eval.detectors import _identity_of
+        from stealth_eval.stream import model_identity
         from stealth_eval.models import embedder_identity
         scorer = (embedder_identity(proxihuman_embedder(cfg), cfg["device"], proxihuman_embed_dtype(cfg)) if self.stat == "proxihuman"
-                  else _identity_of(perturbation_scorer(cfg), cfg))
+                  else model_identity(perturbation_scorer(cfg), cfg))
         dt = f"#{t5_knobs(perturbation_params(cfg), cfg)['t5_dtype']}" if self.filler == "t5" else ""   # the causal filler's is in its identity
         return f"{scorer} | fill: {filler_identity(self.filler, cfg, self.stat)}{dt}"
     def compute(self, texts: list, cfg: dict, cache) -> dict:

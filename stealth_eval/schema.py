@@ -18,10 +18,10 @@ from .core import StealthEvalError
 
 # %% auto #0
 __all__ = ['MIN_WINDOW', 'MAX_WAIT_S', 'MAX_ATTEMPTS', 'MAX_BOOTSTRAP', 'REHEARSAL_KEYS', 'RUNNER_KEYS', 'DEVICE_PROFILES',
-           'DEVICE_KEYS', 'setting', 'kind_of', 'type_name', 'accepts', 'SettingsError', 'check_value', 'Section',
-           'section', 'Data', 'Watermark', 'ClassifierOffline', 'GhostbusterLocal', 'Validity', 'Perturbation',
-           'Lastde', 'Shield', 'Polish', 'Raid', 'Dipper', 'Recursive', 'Acceptance', 'Engine', 'url_problem', 'Api',
-           'Settings', 'settings_rows']
+           'DEVICE_KEYS', 'setting', 'kind_of', 'type_name', 'accepts', 'SettingsError', 'shown_value', 'check_value',
+           'type_hints', 'section_type', 'Section', 'section', 'Data', 'Watermark', 'ClassifierOffline',
+           'GhostbusterLocal', 'Validity', 'Perturbation', 'Lastde', 'Shield', 'Polish', 'Raid', 'Dipper', 'Recursive',
+           'Acceptance', 'Engine', 'url_problem', 'Api', 'Settings', 'settings_rows']
 
 # %% ../nbs/03_schema.ipynb #c1d89573
 def setting(default, doc: str = "", check: str | None = None, choices: str | None = None, allowed: str = "",
@@ -75,7 +75,9 @@ def accepts(tp, v) -> bool:
 class SettingsError(StealthEvalError):
     "A setting that is missing, unknown, of the wrong type or out of range (one line, naming the key and the value)."
 
-def _shown(v) -> str: return v if isinstance(v, str) else json.dumps(v, default=dict)   # as typed after `key=`
+def shown_value(v) -> str:
+    "A setting's value as a user types it after `key=` in an error message: strings as they are, the rest as JSON."
+    return v if isinstance(v, str) else json.dumps(v, default=dict)
 
 MIN_WINDOW = 3   # a token window of W tokens predicts W - 1 of them; the likelihood statistics need 2 (20_detectors)
 
@@ -86,24 +88,24 @@ _RANGES = {"count": (lambda x: x >= 1, "must be a positive count"), "count0": (l
 
 def _parts(key: str, value) -> list:
     "(how a part of `value` reads in a message, the part): a list's items (named by the list), an open section's entries."
-    if isinstance(value, list): return [(f"{key}={_shown(value)}", x) for x in value]
-    if isinstance(value, Mapping) and not isinstance(value, Section): return [(f"{key}.{k}={_shown(x)}", x) for k, x in value.items()]
-    return [(f"{key}={_shown(value)}", value)]
+    if isinstance(value, list): return [(f"{key}={shown_value(value)}", x) for x in value]
+    if isinstance(value, Mapping) and not isinstance(value, Section): return [(f"{key}.{k}={shown_value(x)}", x) for k, x in value.items()]
+    return [(f"{key}={shown_value(value)}", value)]
 
 def check_value(key: str, f, tp, value):
     "Raise a one-line `SettingsError` unless `value` suits field `f` (annotated `tp`); `key` is its dotted name."
     if not accepts(tp, value):
         d = f.default_factory() if callable(f.default_factory) else f.default
-        eg = "" if d is None else f" (e.g. {_shown(d)})"
+        eg = "" if d is None else f" (e.g. {shown_value(d)})"
         got, inner = kind_of(value), typing.get_args(tp)
         if isinstance(value, list) and typing.get_origin(tp) is list:   # name the element that does not fit
             got = "a list holding " + next(kind_of(x) for x in value if not accepts(inner[0], x))
         if isinstance(value, Mapping) and typing.get_origin(tp) is dict:   # name the entry that does not fit
             k, x = next((k, x) for k, x in value.items() if not (isinstance(k, str) and accepts(inner[1], x)))
-            raise SettingsError(f"{key}.{k}={_shown(x)}: expects {type_name(inner[1])} under {key}, got {kind_of(x)}")
-        raise SettingsError(f"{key}={_shown(value)}: expects {type_name(tp)}{eg}, got {got}")
+            raise SettingsError(f"{key}.{k}={shown_value(x)}: expects {type_name(inner[1])} under {key}, got {kind_of(x)}")
+        raise SettingsError(f"{key}={shown_value(value)}: expects {type_name(tp)}{eg}, got {got}")
     if f.metadata.get("nonempty") and isinstance(value, list) and not value:
-        raise SettingsError(f"{key}=[]: needs at least one value (e.g. {_shown(f.default_factory())})")
+        raise SettingsError(f"{key}=[]: needs at least one value (e.g. {shown_value(f.default_factory())})")
     ok, says = _RANGES[f.metadata.get("check")]
     most, why = f.metadata.get("at_most") or (math.inf, "")
     for shown, x in _parts(key, value):
@@ -118,10 +120,12 @@ def check_value(key: str, f, tp, value):
 
 # %% ../nbs/03_schema.ipynb #077a1920
 @functools.cache
-def _hints(cls) -> dict: return typing.get_type_hints(cls)
+def type_hints(cls) -> dict:
+    "The resolved annotations of a settings class (`typing.get_type_hints`): what each of its fields accepts."
+    return typing.get_type_hints(cls)
 
 # %% ../nbs/03_schema.ipynb #f37ca4b3
-def _section_type(tp):
+def section_type(tp):
     "The Section class an annotation names (directly or in a union), else None."
     for a in (typing.get_args(tp) if _union(tp) else (tp,)):
         if isinstance(a, type) and issubclass(a, Section): return a
@@ -136,9 +140,9 @@ class Section(Mapping):
     def dotted(cls, name: str) -> str: return f"{cls._at}.{name}" if cls._at else name
 
     def __post_init__(self):
-        hints = _hints(type(self))
+        hints = type_hints(type(self))
         for f in fields(self):
-            v, sec = getattr(self, f.name), _section_type(hints[f.name])
+            v, sec = getattr(self, f.name), section_type(hints[f.name])
             if sec is not None and isinstance(v, Mapping) and not isinstance(v, sec):
                 object.__setattr__(self, f.name, v := sec.from_dict(v))
             check_value(self.dotted(f.name), f, hints[f.name], v)
@@ -381,7 +385,7 @@ class Dipper(Section):
     def check(self):
         for p in self.lex_order:
             if len(p) != 2 or any(v not in (0, 20, 40, 60, 80, 100) for v in p):
-                raise SettingsError(f"dipper.lex_order={_shown(self.lex_order)}: {_shown(p)} is not a pair; expects {_PAIR}")
+                raise SettingsError(f"dipper.lex_order={shown_value(self.lex_order)}: {shown_value(p)} is not a pair; expects {_PAIR}")
 
 @section("recursive")
 class Recursive(Section):
@@ -398,7 +402,7 @@ class Recursive(Section):
         other = [m for m in self.methods if m not in ("dipper", "dipper_lm")]
         if self.protocol == "sadasivan" and other:
             raise SettingsError(f"recursive.protocol='sadasivan' recurses DIPPER as Sadasivan et al. ran it, but recursive.methods "
-                                f"names {_shown(other[0])}; expects dipper or dipper_lm (or protocol 'stealth_eval')")
+                                f"names {shown_value(other[0])}; expects dipper or dipper_lm (or protocol 'stealth_eval')")
 
 # %% ../nbs/03_schema.ipynb #fec44a44
 @section("acceptance")
@@ -473,7 +477,7 @@ class Api(Section):
 
     def check(self):
         for name, url in self.base_url.items():
-            if why := url_problem(url): raise SettingsError(f"api.base_url.{name}={_shown(url)}: {why}")
+            if why := url_problem(url): raise SettingsError(f"api.base_url.{name}={shown_value(url)}: {why}")
 
 # %% ../nbs/03_schema.ipynb #09a8e771
 _DEVICE, _DEVICES = r"auto|cpu|mps|cuda(:[0-9]+)?", "auto, cpu, mps, cuda or cuda:N"
@@ -622,14 +626,14 @@ class Settings(Section):
         if unknown: raise SettingsError(f"rehearsal.{unknown[0]}: unknown key. Known keys here: {', '.join(REHEARSAL_KEYS)}")
         pf = (self.rehearsal or {}).get("preflight")
         if pf is not None and not (isinstance(pf, str) and Path(pf).expanduser().is_file()):
-            raise SettingsError(f"rehearsal.preflight={_shown(pf)}: not a file (a preflight.json written by `stealth-eval preflight`)")
+            raise SettingsError(f"rehearsal.preflight={shown_value(pf)}: not a file (a preflight.json written by `stealth-eval preflight`)")
         if self.calibration_folds < 2:
             raise SettingsError(f"calibration_folds={self.calibration_folds}: must be at least 2 (a text's P(AI) comes from the folds without it)")
         if any(b <= a for a, b in zip(self.length_bins, self.length_bins[1:])):
-            raise SettingsError(f"length_bins={_shown(self.length_bins)}: the edges must increase")
+            raise SettingsError(f"length_bins={shown_value(self.length_bins)}: the edges must increase")
         e = self.beemo_edit_bins
         if any(b <= a for a, b in zip(e, e[1:])) or e[0] < 0 or e[-1] > 100 or len(e) < 2:
-            raise SettingsError(f"beemo_edit_bins={_shown(e)}: two or more increasing edges within 0-100 (percent edited)")
+            raise SettingsError(f"beemo_edit_bins={shown_value(e)}: two or more increasing edges within 0-100 (percent edited)")
 
 RUNNER_KEYS = ("datasets", "methods", "detectors", "n_candidates", "plugins", "profile", "seed", "out_dir", "no_cache")  # own CLI options
 
@@ -647,9 +651,9 @@ DEVICE_KEYS = tuple(DEVICE_PROFILES["cpu"])
 def settings_rows(obj: Section | None = None) -> list:
     "(dotted key, type, value, doc) for every field of `obj` (default: `Settings()`), nested sections flattened."
     obj = Settings() if obj is None else obj
-    rows, hints = [], _hints(type(obj))
+    rows, hints = [], type_hints(type(obj))
     for f in fields(obj):
         v = getattr(obj, f.name)
         if isinstance(v, Section): rows += settings_rows(v); continue
-        rows.append((obj.dotted(f.name), type_name(hints[f.name]), _shown(v), f.metadata.get("doc", "")))
+        rows.append((obj.dotted(f.name), type_name(hints[f.name]), shown_value(v), f.metadata.get("doc", "")))
     return rows

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from .components import DETECTORS, Detector
-from .watermark import KGW_DEFAULTS, KGWLogitsProcessor, _hf_watermark_args, watermark_params
+from .watermark import KGW_DEFAULTS, KGWLogitsProcessor, hf_watermark_args, watermark_params
 from .core import (Cache, StealthEvalError, get_logger, progress, sha256_text, stable_hash, write_json)
 
 # %% auto #0
@@ -40,13 +40,13 @@ def kgw_zscore(ids: list, params: dict, model_config, detector=None) -> dict | N
 def kgw_detector(params: dict, model_config):
     "`transformers.WatermarkDetector` for these parameters, on the CPU (where the green lists were drawn)."
     from transformers import WatermarkDetector
-    return WatermarkDetector(model_config=model_config, device="cpu", watermarking_config=_hf_watermark_args(params))
+    return WatermarkDetector(model_config=model_config, device="cpu", watermarking_config=hf_watermark_args(params))
 
 # %% ../nbs/22_supervised_watermark.ipynb #64a02512
 def _generator_source(spec: str):
-    "Where the generator's tokenizer and config load from (`models._model_source`)."
-    from stealth_eval.models import _model_source
-    return _model_source(spec)
+    "Where the generator's tokenizer and config load from (`models.model_source`)."
+    from stealth_eval.models import model_source
+    return model_source(spec)
 
 @lru_cache(maxsize=4)
 def generator_tokenizer_config(spec: str, trust_remote_code: bool = False) -> tuple:
@@ -137,9 +137,9 @@ def classifier_config(spec: str, trust_remote_code: bool = False):
 # %% ../nbs/22_supervised_watermark.ipynb #af9d59be
 def classifier_identity(spec: str, trust_remote_code: bool = False) -> str:
     "name@local:<weight hash> for a folder, id@<commit> for a hub model (from its config, no weights loaded)."
-    from stealth_eval.models import _local_identity
+    from stealth_eval.models import local_identity
     p = Path(spec).expanduser()
-    if p.is_dir(): return f"{p.name}@local:{_local_identity(p)}"
+    if p.is_dir(): return f"{p.name}@local:{local_identity(p)}"
     return f"{spec}@{getattr(classifier_config(spec, trust_remote_code), '_commit_hash', None) or 'unknown-revision'}"
 
 # %% ../nbs/22_supervised_watermark.ipynb #d5774f24
@@ -424,7 +424,7 @@ CLASSIFIER_OFFLINE = DETECTORS.register(OfflineClassifier())
 def train_and_score_offline(texts: list, cfg: dict, cache: Cache) -> dict:
     "Fit (or fetch) the offline classifier on the training split, save it with the run, and score `texts`."
     import sklearn
-    from stealth_eval.detectors import _identity_of
+    from stealth_eval.stream import model_identity
     from stealth_eval.models import embedder_identity
     opts = {"C": 1.0, **(cfg.get("classifier_offline") or {})}
     scored = {sha256_text(t) for t in texts}
@@ -435,7 +435,7 @@ def train_and_score_offline(texts: list, cfg: dict, cache: Cache) -> dict:
     X = np.stack([feats[sha256_text(tr_texts[i])][0] for i in ok]) if ok else np.zeros((0, len(names)))
     yy = np.asarray([y[i] for i in ok], dtype=int)
     if len(set(yy.tolist())) < 2: raise StealthEvalError("classifier_offline: the training split has fewer than two classes with scorable texts")
-    idents = {"embedder": embedder_identity(cfg["embedder"], cfg["device"]), "scoring_model": _identity_of(cfg["scoring_model"], cfg)}
+    idents = {"embedder": embedder_identity(cfg["embedder"], cfg["device"]), "scoring_model": model_identity(cfg["scoring_model"], cfg)}
     train_hash = stable_hash([[sha256_text(tr_texts[i]), int(y[i])] for i in ok])
     k = cache.key("classifier_offline_fit", train=train_hash, features=names, models=idents, C=opts["C"],
                   score_max_tokens=cfg["score_max_tokens"], version="logreg-v2")

@@ -9,7 +9,7 @@ from .core import StealthEvalError
 from .schema import Watermark
 
 # %% auto #0
-__all__ = ['KGW_DEFAULTS', 'watermark_params', 'KGWLogitsProcessor']
+__all__ = ['KGW_DEFAULTS', 'watermark_params', 'hf_watermark_args', 'KGWLogitsProcessor']
 
 # %% ../nbs/07_watermark.ipynb #aeb3c328
 KGW_DEFAULTS = Watermark().to_dict()   # defaults live in `schema.Watermark`
@@ -21,7 +21,7 @@ def watermark_params(cfg: dict) -> dict:
             "key": int(p["key"]), "context_width": int(p["context_width"])}
 
 # %% ../nbs/07_watermark.ipynb #1127d438
-def _hf_watermark_args(p: dict, bias: float | None = None) -> dict:
+def hf_watermark_args(p: dict, bias: float | None = None) -> dict:
     "Our parameter names -> the keyword arguments of `transformers`' watermark classes."
     return {"greenlist_ratio": p["gamma"], "bias": p["delta"] if bias is None else bias, "hashing_key": p["key"],
             "seeding_scheme": p["seeding_scheme"], "context_width": p["context_width"]}
@@ -35,7 +35,7 @@ class KGWLogitsProcessor:
         from transformers import WatermarkLogitsProcessor
         self.params, self.vocab_size, self.temperature = params, vocab_size, temperature
         self.proc = WatermarkLogitsProcessor(vocab_size=vocab_size, device="cpu",
-                                             **_hf_watermark_args(params, params["delta"] * temperature))
+                                             **hf_watermark_args(params, params["delta"] * temperature))
 
     def __call__(self, input_ids, scores):
         return self.proc(input_ids.cpu(), scores.cpu()).to(scores.device)

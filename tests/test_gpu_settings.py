@@ -111,8 +111,9 @@ def test_scoring_is_stored_batch_by_batch(tmp_path, monkeypatch):
     stored = sum(1 for p in (tmp_path / "store").rglob("*.json") if p.is_file() and p.name != "stealth_eval_store.json")   # entries, not the marker
     assert stored > 0                                                     # the first batch is on disk
     monkeypatch.setattr(D, "panel_batch", real)
-    asked, inner = [], D._forward_batches   # the sequences each scoring pass is asked to compute
-    monkeypatch.setattr(D, "_forward_batches", lambda models, seqs, *a, **k: asked.append(len(seqs)) or inner(models, seqs, *a, **k))
+    import stealth_eval.stream as S
+    asked, inner = [], S.forward_batches   # the sequences each scoring pass is asked to compute
+    monkeypatch.setattr(S, "forward_batches", lambda models, seqs, *a, **k: asked.append(len(seqs)) or inner(models, seqs, *a, **k))
     got = D.score_texts_windows(texts, lm, cfg, Cache(tmp_path / "store"), [64])[64]
     fresh = D.score_texts_windows(texts, lm, cfg, Cache(tmp_path / "fresh"), [64])[64]
     assert asked == [len(set(texts)) - stored, len(set(texts))]                    # the rerun computed only what was not stored
