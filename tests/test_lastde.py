@@ -216,9 +216,10 @@ def test_one_pass_per_text_feeds_the_panel_lastde_dna_and_ghostbusters_stream(sh
     model's 128, texts shorter than both), and Ghostbuster's stream shares that pass where it reads the same tokens;
     every value equals the one each computation gets with a pass of its own (a fresh store each). One pass is also one
     product with the output head: every reader slices the batch's logits made once (`HeadLogits.once`)."""
-    from stealth_eval import detectors as D
+    from stealth_eval import stream as D     # the token stream: where each pass and its head product are made
     from stealth_eval.core import write_jsonl
-    from stealth_eval.detectors import PASSES, fetch_lm_uses, panel_use, run_detectors_stage, score_texts_windows
+    from stealth_eval.detectors import panel_use, run_detectors_stage, score_texts_windows
+    from stealth_eval.stream import PASSES, fetch_lm_uses
     from stealth_eval.ghostbuster import token_logprobs, token_logprobs_use
     out = tmp_path / "run"
     texts = [" ".join(WORDS[i:i + k]) for i, k in ((0, 30), (4, 36), (9, 41), (1, 25))]
