@@ -21,9 +21,10 @@ from .stream import (PASSES, HeadLogits, LMUse, fetch_lm_uses, forward_batches, 
                                  model_identity, position_stats, row_arrays, row_masks, scoring_window)   # the token stream (19_stream)
 
 # %% auto #0
-__all__ = ['PANEL_VERSION', 'panel_batch', 'binoculars_batch', 'panel_from_logits', 'panel_stats', 'binoculars_from_logits',
-           'panel_reference', 'binoculars_reference', 'PanelDetector', 'BinocularsPair', 'score_texts', 'panel_use',
-           'score_texts_windows', 'binoculars_use', 'score_binoculars_pair', 'run_detectors_stage']
+__all__ = ['PANEL_VERSION', 'PAIR_STATS', 'panel_batch', 'binoculars_batch', 'panel_from_logits', 'panel_stats',
+           'binoculars_from_logits', 'panel_reference', 'binoculars_reference', 'PanelDetector', 'BinocularsPair',
+           'score_texts', 'panel_use', 'score_texts_windows', 'fdg_pair_batch', 'pair_use', 'score_pair',
+           'binoculars_use', 'score_binoculars_pair', 'run_detectors_stage']
 
 # %% ../nbs/20_detectors.ipynb #3813068a
 PANEL_VERSION = "panel-v8"  # bump whenever the computation changes: it is part of every cache key
@@ -155,32 +156,43 @@ class PanelDetector(Detector):
 # %% ../nbs/20_detectors.ipynb #bbfb45fd
 @dataclass(frozen=True, kw_only=True)
 class BinocularsPair(Detector):
-    "Binoculars with a real observer/performer pair that share a tokenizer (config `binoculars_observer/_performer`)."
+    """A statistic of two causal LMs that share a tokenizer, read from one pass of each: Binoculars (observer /
+    performer), or Fast-DetectGPT's analytic criterion with the observer as its sampling model and the performer as its
+    scoring model (`stat='fdg'`). The pair is named by two settings (`observer_key`, `performer_key`): the Falcon pair
+    `binoculars_observer/_performer`, or the Llama-3 pair `llama3_observer/_performer`."""
     name: str = "binoculars"
     family: str = "zero-shot ratio"
-    stat: str = "binoculars"
+    stat: str = "binoculars"          # 'binoculars' or 'fdg' (`PAIR_STATS`)
     direction: int = -1
     label: str = "Bino"
     reference: str = "Hans et al. 2024 (observer falcon-7b, performer falcon-7b-instruct; 512-token window)"
     window: object = 512
+    observer_key: str = "binoculars_observer"     # the settings naming the pair
+    performer_key: str = "binoculars_performer"
 
+    def pair(self, cfg: dict) -> tuple: return cfg.get(self.observer_key), cfg.get(self.performer_key)
     def window_of(self, cfg: dict) -> int:
-        return scoring_window((cfg.get("score_windows") or {}).get(self.name, self.window), cfg["binoculars_performer"], cfg)
+        return scoring_window((cfg.get("score_windows") or {}).get(self.name, self.window), cfg[self.performer_key], cfg)
     def unavailable(self, cfg: dict) -> str:
         from stealth_eval.models import available_offline, offline_mode
-        obs, perf = cfg.get("binoculars_observer"), cfg.get("binoculars_performer")
+        obs, perf = self.pair(cfg)
         if not (obs and perf):
+            if self.observer_key != "binoculars_observer":
+                return (f"needs two causal LMs that share a tokenizer ({self.observer_key}, {self.performer_key}); this "
+                        f"profile names none (the paper profile names the pair)")
             return ("needs two causal LMs that share a tokenizer (binoculars_observer, binoculars_performer); no such pair "
                     "ships offline, so this profile has none: binoculars_single runs one model in both roles instead")
         if offline_mode() and not (available_offline(obs) and available_offline(perf)):
             return f"offline, and {obs!r} / {perf!r} are neither local nor cached"
         return ""
     def source(self, cfg: dict) -> tuple:
-        return ("binoculars_pair", cfg["binoculars_observer"], cfg["binoculars_performer"], self.window_of(cfg))
-    def model(self, cfg: dict) -> str: return f"{model_identity(cfg['binoculars_observer'], cfg)} | {model_identity(cfg['binoculars_performer'], cfg)}"
+        return ("binoculars_pair" if self.stat == "binoculars" else f"{self.stat}_pair", *self.pair(cfg), self.window_of(cfg))
+    def model(self, cfg: dict) -> str: return " | ".join(model_identity(s, cfg) for s in self.pair(cfg))
     def lm_uses(self, texts: list, cfg: dict, cache) -> list:
-        return [(cfg["binoculars_observer"], binoculars_use(texts, cfg, cache, self.window_of(cfg)))]
-    def compute(self, texts: list, cfg: dict, cache) -> dict: return score_binoculars_pair(texts, cfg, cache, self.window_of(cfg))
+        obs, perf = self.pair(cfg)
+        return [(obs, pair_use(texts, cfg, cache, self.window_of(cfg), obs, perf, self.stat))]
+    def compute(self, texts: list, cfg: dict, cache) -> dict:
+        return score_pair(texts, cfg, cache, self.window_of(cfg), *self.pair(cfg), self.stat)
 
 # Token windows follow each reference: Binoculars observes at most 512 tokens (its `max_token_observed`), the
 # Fast-DetectGPT reference scores the whole text (up to the model's limit), the DetectGPT-family baselines the run's
@@ -203,6 +215,19 @@ for _d in [
                   reference="Hans et al. 2024, one model as observer and performer (not the paper's pair)"),
 ]: DETECTORS.register(_d)
 DETECTORS.register(BinocularsPair())
+# Fast-DetectGPT's own pairs (scripts/local_infer.py): sampling falcon-7b / scoring falcon-7b-instruct, and since 2026-01
+# Llama-3-8B / Llama-3-8B-Instruct, which its authors find "substantially outperforms" the Falcon pair; the analytic
+# criterion of the one-model `fast_detectgpt` with the observer's distribution as q. Binoculars on the Llama-3 pair beside.
+_FDG_REF = "Bao et al. 2024, analytic criterion; reference scripts/local_infer.py (sampling model = observer, scoring = performer)"
+for _d in [
+    BinocularsPair(name="fast_detectgpt_pair", family="curvature", stat="fdg", direction=+1, label="FDG-F", window="model",
+                   reference=_FDG_REF + ": falcon-7b / falcon-7b-instruct; no truncation (the model's limit)"),
+    BinocularsPair(name="fast_detectgpt_llama3", family="curvature", stat="fdg", direction=+1, label="FDG-L3", window="model",
+                   observer_key="llama3_observer", performer_key="llama3_performer",
+                   reference=_FDG_REF + ": Llama-3-8B / Llama-3-8B-Instruct (the authors' 2026 recommendation); the model's limit"),
+    BinocularsPair(name="binoculars_llama3", label="Bino-L3", observer_key="llama3_observer", performer_key="llama3_performer",
+                   reference="Hans et al. 2024, on the Llama-3-8B / Llama-3-8B-Instruct pair; 512-token window"),
+]: DETECTORS.register(_d)
 # the perturbation family (stealth_eval.perturbation, nbs/21_perturbation) and the supervised and watermark families
 # (stealth_eval.supervised, nbs/22_supervised_watermark) register themselves where they are defined
 
@@ -245,10 +270,22 @@ def score_texts_windows(texts: list, model_spec: str, cfg: dict, cache: Cache, w
     return {W: {h: got[(h, n_of(h, W))] for h in uniq} for W in windows}
 
 # %% ../nbs/20_detectors.ipynb #267293c1
-def binoculars_use(texts: list, cfg: dict, cache: Cache, max_tokens: int = 512) -> LMUse:
-    "Binoculars' read of the observer's and the performer's passes (`LMUse`) over each text's first `max_tokens` tokens."
+PAIR_STATS = {"binoculars": "binoculars_pair", "fdg": "fdg_pair"}   # a pair's statistic -> the kind of its cache entries
+
+def fdg_pair_batch(obs_logits, perf_logits, ids, lengths, pad_id=None) -> list:
+    """Fast-DetectGPT's analytic criterion of each row with two models (Bao et al. 2024, `get_sampling_discrepancy_analytic`
+    (logits_ref, logits_score, labels)): log p under the scoring model (the performer), its mean and variance under the
+    sampling model's distribution q (the observer), (sum log p - sum mu) / sqrt(sum var) over the predicted tokens."""
+    ll, _, _, mu, var, _ = row_arrays(perf_logits, ids, ref_logits=obs_logits)
+    pred, _ = row_masks(ids.to(perf_logits.device), lengths, pad_id)
+    return (((ll - mu) * pred).sum(1) / (var * pred).sum(1).sqrt()).cpu().tolist()
+
+def pair_use(texts: list, cfg: dict, cache: Cache, max_tokens: int = 512, obs_spec: str | None = None,
+             perf_spec: str | None = None, stat: str = "binoculars") -> LMUse:
+    """A pair statistic's read (`PAIR_STATS`: Binoculars, or Fast-DetectGPT with the observer sampling) of the observer's
+    and the performer's passes (`LMUse`) over each text's first `max_tokens` tokens; the pair defaults to Binoculars'."""
     from stealth_eval.models import load_tokenizer, model_max_tokens
-    obs_spec, perf_spec = cfg["binoculars_observer"], cfg["binoculars_performer"]
+    obs_spec, perf_spec = obs_spec or cfg["binoculars_observer"], perf_spec or cfg["binoculars_performer"]
     ident = [model_identity(obs_spec, cfg), model_identity(perf_spec, cfg)]
     uniq = {sha256_text(t): t for t in texts}
     kw = dict(trust_remote_code=cfg["trust_remote_code"])
@@ -257,19 +294,29 @@ def binoculars_use(texts: list, cfg: dict, cache: Cache, max_tokens: int = 512) 
     oids = load_tokenizer(obs_spec, **kw)(list(uniq.values()), truncation=False).input_ids
     for h, o in zip(uniq, oids):
         if o != ids[h]:
-            raise ValueError(f"binoculars: {obs_spec} and {perf_spec} tokenize differently; the pair must share a tokenizer")
-    keys = {h: cache.key("binoculars_pair", models=ident, text=h, scored_tokens=min(len(ids[h]), max_tokens),
+            raise ValueError(f"{stat}: {obs_spec} and {perf_spec} tokenize differently; the pair must share a tokenizer")
+    keys = {h: cache.key(PAIR_STATS[stat], models=ident, text=h, scored_tokens=min(len(ids[h]), max_tokens),
                          version=PANEL_VERSION) for h in uniq}
+    batch = binoculars_batch if stat == "binoculars" else fdg_pair_batch
     def take(names, lms, b_ids, lengths, logits):
-        bs = binoculars_batch(logits[0], logits[1].to(logits[0].device), b_ids, lengths, lms[1].tokenizer.pad_token_id)
-        return [{"binoculars": b, "n_tokens_input": len(ids[h]), "truncated": len(ids[h]) > max_tokens} for h, b in zip(names, bs)]
+        bs = batch(logits[0], logits[1].to(logits[0].device), b_ids, lengths, lms[1].tokenizer.pad_token_id)
+        return [{stat: b, "n_tokens_input": len(ids[h]), "truncated": len(ids[h]) > max_tokens} for h, b in zip(names, bs)]
     return LMUse(keys, {h: (ids[h][:max_tokens] if min(len(ids[h]), max_tokens) - 1 >= 2 else None) for h in uniq}, take,
-                 lambda h: None, "binoculars", (obs_spec, perf_spec))
+                 lambda h: None, stat, (obs_spec, perf_spec))
+
+def score_pair(texts: list, cfg: dict, cache: Cache, max_tokens: int = 512, obs_spec: str | None = None,
+               perf_spec: str | None = None, stat: str = "binoculars") -> dict:
+    "sha256(text) -> {stat, 'n_tokens_input', 'truncated'} (or None) of a pair statistic (`pair_use`)."
+    if not texts: return {}
+    return fetch_lm_uses(None, cfg, cache, [pair_use(texts, cfg, cache, max_tokens, obs_spec, perf_spec, stat)])[0]
+
+def binoculars_use(texts: list, cfg: dict, cache: Cache, max_tokens: int = 512) -> LMUse:
+    "Binoculars' read of the configured observer's and performer's passes (`pair_use`)."
+    return pair_use(texts, cfg, cache, max_tokens)
 
 def score_binoculars_pair(texts: list, cfg: dict, cache: Cache, max_tokens: int = 512) -> dict:
     "sha256(text) -> {'binoculars', 'n_tokens_input', 'truncated'} (or None) for the configured observer/performer pair."
-    if not texts: return {}
-    return fetch_lm_uses(None, cfg, cache, [binoculars_use(texts, cfg, cache, max_tokens)])[0]
+    return score_pair(texts, cfg, cache, max_tokens)
 
 # %% ../nbs/20_detectors.ipynb #2bc79d6a
 def _merge_skipped(path: Path, skipped: dict):

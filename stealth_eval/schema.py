@@ -510,6 +510,8 @@ class Settings(Section):
     embedder: str = setting("all-minilm-l6-v2", "semantic similarity (E5 in the paper profile)")
     binoculars_observer: str | None = setting(None, "Binoculars observer (shares a tokenizer with the performer)")
     binoculars_performer: str | None = setting(None, "Binoculars performer")
+    llama3_observer: str | None = setting(None, "observer (Binoculars) / sampling model (Fast-DetectGPT) of the Llama-3 pair: binoculars_llama3, fast_detectgpt_llama3")
+    llama3_performer: str | None = setting(None, "performer / scoring model of the Llama-3 pair (shares the observer's tokenizer)")
     classifier_model: str = setting("openai-community/roberta-large-openai-detector", "HF sequence classifier")
     classifier_ai_label: int = setting(0, "its label index for machine-written text", "count0")
     classifiers: dict[str, str] = setting({"radar": "TrustSafeAI/RADAR-Vicuna-7B", "roberta_base_openai": "openai-community/roberta-base-openai-detector",

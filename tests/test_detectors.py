@@ -117,6 +117,42 @@ def test_binoculars_pair_matches_slow_formula(models, tmp_path):
     assert abs(panel_stats(models["a"], TEXTS[0])["binoculars_single"] - slow_binoculars(models["a"], models["a"], TEXTS[0])) <= TOL
 
 
+def slow_fdg_pair(sampling, scoring, text):
+    """Fast-DetectGPT's `get_sampling_discrepancy_analytic(logits_ref, logits_score, labels)` (scripts/fast_detect_gpt.py)
+    written out position by position in Python floats: log p from the scoring model, its mean and variance under the
+    sampling model's distribution."""
+    ids, zs = _logits(scoring, text)
+    zr = _logits(sampling, text)[1]
+    ll = mu = var = 0.0
+    for t in range(len(ids) - 1):
+        lp, q = _log_softmax(zs[t].tolist()), [math.exp(v) for v in _log_softmax(zr[t].tolist())]
+        m = sum(qi * li for qi, li in zip(q, lp))
+        ll, mu, var = ll + lp[ids[t + 1]], mu + m, var + sum(qi * li * li for qi, li in zip(q, lp)) - m * m
+    return (ll - mu) / math.sqrt(var)
+
+
+def test_fast_detectgpt_pairs_match_the_references_criterion(models, tmp_path, monkeypatch):
+    """`fast_detectgpt_pair` (Falcon's settings) and `fast_detectgpt_llama3` (the Llama-3 pair's): the analytic criterion
+    with the observer as sampling model and the performer as scoring model, as the reference's local_infer.py pairs them;
+    with one model in both roles it is the panel's `fast_detectgpt`. Each reads its own pair of settings, and a profile
+    without the pair skips it with the reason."""
+    from stealth_eval.detectors import score_pair
+    cfg = {"binoculars_observer": models["b_path"], "binoculars_performer": models["a_path"],
+           "llama3_observer": models["a_path"], "llama3_performer": models["b_path"], "device": "cpu",
+           "trust_remote_code": False, "score_max_tokens": 64}
+    for name, (samp, score) in (("fast_detectgpt_pair", ("b", "a")), ("fast_detectgpt_llama3", ("a", "b"))):
+        det = DETECTORS.get(name)
+        got = det.compute(TEXTS + ["the"], cfg, Cache(tmp_path / name))
+        for text in TEXTS:
+            assert abs(det.raw(got[sha256_text(text)]) - slow_fdg_pair(models[samp], models[score], text)) <= TOL
+        assert got[sha256_text("the")] is None and det.direction == 1 and det.unavailable(cfg) == ""
+    same = score_pair(TEXTS, cfg, Cache(enabled=False), 64, models["a_path"], models["a_path"], "fdg")
+    assert abs(same[sha256_text(TEXTS[0])]["fdg"] - panel_stats(models["a"], TEXTS[0])["fdg"]) <= TOL
+    bino = DETECTORS.get("binoculars_llama3").compute(TEXTS, cfg, Cache(enabled=False))
+    assert abs(bino[sha256_text(TEXTS[1])]["binoculars"] - slow_binoculars(models["a"], models["b"], TEXTS[1])) <= TOL
+    assert "llama3_observer, llama3_performer" in DETECTORS.get("fast_detectgpt_llama3").unavailable({"llama3_observer": None})
+
+
 def test_panel_detectors_directions_and_invalid_texts(models):
     assert {n: DETECTORS.get(n).direction for n in ("log_likelihood", "rank", "log_rank", "entropy", "lrr", "fast_detectgpt")} == \
         {"log_likelihood": 1, "rank": -1, "log_rank": -1, "entropy": 1, "lrr": 1, "fast_detectgpt": 1}
