@@ -20,8 +20,8 @@ from .core import StealthEvalError
 __all__ = ['MIN_WINDOW', 'MAX_WAIT_S', 'MAX_ATTEMPTS', 'MAX_BOOTSTRAP', 'REHEARSAL_KEYS', 'RUNNER_KEYS', 'DEVICE_PROFILES',
            'DEVICE_KEYS', 'setting', 'kind_of', 'type_name', 'accepts', 'SettingsError', 'shown_value', 'check_value',
            'type_hints', 'section_type', 'Section', 'section', 'Data', 'Watermark', 'ClassifierOffline',
-           'GhostbusterLocal', 'Validity', 'Perturbation', 'Lastde', 'Shield', 'Polish', 'Raid', 'Dipper', 'Recursive',
-           'Acceptance', 'Engine', 'url_problem', 'Api', 'Settings', 'settings_rows']
+           'GhostbusterLocal', 'Validity', 'Perturbation', 'Lastde', 'AdaDetectGPT', 'Tocsin', 'Shield', 'Polish',
+           'Raid', 'Dipper', 'Recursive', 'Acceptance', 'Engine', 'url_problem', 'Api', 'Settings', 'settings_rows']
 
 # %% ../nbs/03_schema.ipynb #c1d89573
 def setting(default, doc: str = "", check: str | None = None, choices: str | None = None, allowed: str = "",
@@ -298,6 +298,32 @@ class Lastde(Section):
     def check(self):
         if self.n_samples < 2: raise SettingsError(f"lastde.n_samples={self.n_samples}: Lastde++ needs at least 2 samples (it divides by their std)")
 
+# %% ../nbs/03_schema.ipynb #ad52a0c1
+@section("adadetectgpt")
+class AdaDetectGPT(Section):
+    "AdaDetectGPT's B-spline witness (29_adadetectgpt): the reference's --config defaults (Mamba413/AdaDetectGPT detect_gpt_ada.py)."
+    span: float = setting(32.0, "the witness's B-splines cover log-probabilities [-span, 0]; lower ones are clamped to -span "
+                          "(--config start -32, end 0)", "positive")
+    n_bases: int = setting(7, "B-spline bases (--config n_bases 7)", "count")
+    spline_order: int = setting(2, "the splines' degree (--config spline_order 2: quadratic)", "count")
+    intercept: bool = setting(True, "a constant column before the bases (--config intercept 1; it cancels out of the statistic)")
+
+    def check(self):
+        if self.n_bases < self.spline_order + 1:
+            raise SettingsError(f"adadetectgpt.n_bases={self.n_bases}: needs at least spline_order + 1 = {self.spline_order + 1} "
+                                "(the reference's get_knots spaces n_bases - spline_order + 1 knots over the range)")
+
+@section("tocsin")
+class Tocsin(Section):
+    "TOCSIN's token cohesiveness (29_tocsin): the reference's values (Shixuan-Ma/TOCSIN TOCSIN.py, bart_score.py)."
+    bart_model: str = setting("facebook/bart-base", "BART scoring each copy against the text (the reference's BARTScorer checkpoint)")
+    n_copies: int = setting(10, "copies of a text with words deleted (TOCSIN.py: 10)", "count")
+    rate: float = setting(0.015, "share of a text's space-separated words deleted in a copy: int(rate x words) positions drawn "
+                          "with replacement (TOCSIN.py pct = 0.015)", "unit")
+    max_length: int = setting(1024, "BART tokens read of a copy and of the text (BARTScorer max_length, truncated)", "count")
+    dtype: str = setting("float32", "BART's dtype (the reference loads it in float32)", choices="float32|bfloat16|float16",
+                         allowed="float32, bfloat16 or float16")
+
 # %% ../nbs/03_schema.ipynb #7ad7e55c
 @section("shield")
 class Shield(Section):
@@ -546,6 +572,8 @@ class Settings(Section):
     m3_token_top_k: int = setting(50, "token-guided top-k", "count")
     perturbation: Perturbation = setting(Perturbation(), "DetectGPT / NPR / ProxiHuman perturbations")
     lastde: Lastde = setting(Lastde(), "Lastde / Lastde++ hyper-parameters and sample count")
+    adadetectgpt: AdaDetectGPT = setting(AdaDetectGPT(), "AdaDetectGPT's B-spline witness")
+    tocsin: Tocsin = setting(Tocsin(), "TOCSIN's copies, deletion rate and BART")
     shield: Shield = setting(Shield(), "SHIELD word swaps")
     raid: Raid = setting(Raid(), "RAID's attacks (method raid)")
     shield_mlm: str | None = setting(None, "masked LM proposing words (paper: allenai/longformer-base-4096, App. B); None: causal-LM infill")

@@ -14,7 +14,8 @@ PKG = ROOT / "stealth_eval"
 # the pipeline's stages in order, with the modules each owns; a module may import its own stage's and earlier ones
 STAGES = [("data", {"data", "benchmarks", "benchmarks_hub"}),
           ("methods", {"methods", "paraphrase", "humanify", "raid", "dipper"}),
-          ("detectors", {"stream", "detectors", "perturbation", "supervised", "quality", "lastde", "dna_detectllm", "ghostbuster"}),
+          ("detectors", {"stream", "detectors", "perturbation", "supervised", "quality", "lastde", "dna_detectllm", "ghostbuster",
+                    "adadetectgpt", "tocsin"}),
           ("metrics", {"metrics", "acceptance"}),
           ("figures", {"figures"}),
           ("report", {"report"}),
@@ -112,7 +113,8 @@ def test_every_registered_component_is_an_instance_of_its_base():
     # what used to switch on names now reads fields
     assert DETECTORS.get("classifier_offline").needs_train_split and METHODS.get("shield").needs_train_split
     assert {n for n, d in DETECTORS.all().items() if d.supervised} == {"roberta_openai", "classifier_offline", "radar", "roberta_base_openai",
-                                                                     "fakespot_roberta", "ghostbuster_local"}
+                                                                     "fakespot_roberta", "ghostbuster_local",
+                                                                     "adadetectgpt"}
     assert METHODS.get("polish").applies_to == "human" and "paraphraser" in METHODS.get("m1").model_keys
     assert "padben" in DATASETS.get("padben").analyses and DATASETS.get("mage").file == "mage_eval"
 
