@@ -19,7 +19,7 @@ from .schema import Api, url_problem
 # %% auto #0
 __all__ = ['API_DEFAULTS', 'MAX_RESPONSE_BYTES', 'API_LEDGER', 'api_settings', 'redact', 'RetryableStatus', 'NoAnswer',
            'retry_after_s', 'Reply', 'ApiClient', 'n_words', 'ApiDetector', 'GPTZero', 'OriginalityAI', 'Sapling',
-           'Pangram', 'WinstonAI', 'check_api']
+           'Pangram', 'WinstonAI', 'CompletionsLogprobs', 'check_api']
 
 # %% ../nbs/23_api_detectors.ipynb #594e4fd7
 API_DEFAULTS = Api().to_dict()   # the `api` section's defaults (03_schema)
@@ -201,7 +201,9 @@ class ApiDetector(Detector):
     def charged(self, text: str, resp: dict) -> float:
         "What the provider billed for this response (its own figure when it reports one)."
         return self.cost(text)
-    def compute(self, texts: list, cfg: dict, cache) -> dict: return _compute(self, texts, cfg, cache)
+    def compute(self, texts: list, cfg: dict, cache,
+                transport=None) -> dict:   # an httpx transport (examples: `httpx.MockTransport`; None: the network)
+        return _compute(self, texts, cfg, cache, transport)
 
 # %% ../nbs/23_api_detectors.ipynb #b608a308
 _MALFORMED = (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError)   # what reading a hostile body raises
@@ -410,6 +412,45 @@ class WinstonAI(ApiDetector):
     def parse(self, r): return {"human_score": _finite(r["score"])}
     def cost(self, text): return float(n_words(text))
     def charged(self, text, r): return r["credits_used"]
+
+# %% ../nbs/23_api_detectors.ipynb #c0a1e5d3
+@dataclass(frozen=True, kw_only=True)
+class CompletionsLogprobs(ApiDetector):
+    "An OpenAI-compatible completions endpoint's log-probabilities of a text's own tokens and the top ones at each position."
+    name: str = "completions_logprobs"
+    stat: str = "likelihood"          # the mean log-probability of the text's tokens
+    direction: int = +1
+    label: str = "completions"
+    reference: str = ("OpenAI completions API POST /v1/completions, echo, max_tokens 0, logprobs "
+                      "(https://platform.openai.com/docs/api-reference/completions/create)")
+    key_env: str = "OPENAI_API_KEY"
+    base: str = "https://api.openai.com/v1"
+    path: str = "/completions"
+    unit: str = "tokens"
+    default_limit: float = 1_000_000
+    score_range: tuple = (-math.inf, 0.0)   # a mean log-probability
+    api_model: str = "davinci-002"    # the endpoint's model
+    start: str = "<|endoftext|>"      # sent first: the response's first token, not read
+    prompt: str = ""                  # sent after `start`, before the text: its tokens are not read
+    top_logprobs: int = 5             # the request's `logprobs`: top tokens per position
+
+    def request(self, text, key):
+        return ({"Authorization": f"Bearer {key}"},
+                {"model": self.api_model, "prompt": self.start + self.prompt + text, "max_tokens": 0, "echo": True,
+                 "logprobs": self.top_logprobs})
+    def parse(self, r):
+        lp = r["choices"][0]["logprobs"]
+        tokens, lps, tops = lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]
+        if not len(tokens) == len(lps) == len(tops): raise ValueError("tokens, token_logprobs and top_logprobs differ in length")
+        n, seen = 1, ""
+        while len(seen) < len(self.prompt): seen += tokens[n]; n += 1
+        if seen != self.prompt: raise ValueError(f"the prompt's tokens run into the text: {seen[-40:]!r}")
+        ll = [_finite(v) for v in lps[n:]]
+        if not ll: raise ValueError("no token of the text")
+        top = [sorted((_finite(v) for v in dict(t).values()), reverse=True) for t in tops[n:]]
+        return {"likelihood": sum(ll) / len(ll), "n_tokens": len(ll), "token_logprobs": ll, "top_logprobs": top}
+    def cost(self, text): return float(math.ceil(len(self.start + self.prompt + text) / 4))
+    def charged(self, text, r): return r["usage"]["total_tokens"]
 
 # %% ../nbs/23_api_detectors.ipynb #796fb90b
 def check_api(cfg: dict) -> None:

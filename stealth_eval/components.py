@@ -210,6 +210,7 @@ class ComponentRegistry(Registry):
 DETECTORS = ComponentRegistry("detector", Detector, ["stealth_eval.detectors", "stealth_eval.perturbation", "stealth_eval.supervised",
                                                      "stealth_eval.api_detectors", "stealth_eval.dna_detectllm",
                                                      "stealth_eval.lastde", "stealth_eval.ghostbuster",
+                                                     "stealth_eval.specdetect", "stealth_eval.glimpse",
                                                      "stealth_eval.adadetectgpt", "stealth_eval.tocsin"])
 METHODS = ComponentRegistry("method", Method, ["stealth_eval.methods", "stealth_eval.paraphrase", "stealth_eval.humanify",
                                                  "stealth_eval.raid", "stealth_eval.dipper"])

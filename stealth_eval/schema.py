@@ -21,7 +21,8 @@ __all__ = ['MIN_WINDOW', 'MAX_WAIT_S', 'MAX_ATTEMPTS', 'MAX_BOOTSTRAP', 'REHEARS
            'DEVICE_KEYS', 'setting', 'kind_of', 'type_name', 'accepts', 'SettingsError', 'shown_value', 'check_value',
            'type_hints', 'section_type', 'Section', 'section', 'Data', 'Watermark', 'ClassifierOffline',
            'GhostbusterLocal', 'Validity', 'Perturbation', 'Lastde', 'AdaDetectGPT', 'Tocsin', 'Shield', 'Polish',
-           'Raid', 'Dipper', 'Recursive', 'Acceptance', 'Engine', 'url_problem', 'Api', 'Settings', 'settings_rows']
+           'SpecDetect', 'Glimpse', 'Raid', 'Dipper', 'Recursive', 'Acceptance', 'Engine', 'url_problem', 'Api',
+           'Settings', 'settings_rows']
 
 # %% ../nbs/03_schema.ipynb #c1d89573
 def setting(default, doc: str = "", check: str | None = None, choices: str | None = None, allowed: str = "",
@@ -359,6 +360,38 @@ class Polish(Section):
         if not (self.degrees or self.percents):
             raise SettingsError("polish: degrees and percents are both empty (polishing would write nothing; leave polish out of --methods)")
 
+# %% ../nbs/03_schema.ipynb #5bd3c7e2
+@section("specdetect")
+class SpecDetect(Section):
+    "SpecDetect++ (29_specdetect): the reference's sample count (luohaitong/SpecDetect specdetect_doubleplus.py)."
+    n_samples: int = setting(100, "SpecDetect++: tokens sampled from the scoring model at each position (--n_samples 100)", "count")
+
+    def check(self):
+        if self.n_samples < 2: raise SettingsError(f"specdetect.n_samples={self.n_samples}: SpecDetect++ needs at least 2 samples (it divides by their std)")
+
+@section("glimpse")
+class Glimpse(Section):
+    "Glimpse (29_glimpse): a rank distribution completed from top-k log-probabilities; the reference's defaults (baoguangsheng/glimpse)."
+    estimator: str = setting("geometric", "how the ranks past the top k are filled: geometric (p_K lambda^(k-K), the paper's Glimpse "
+                             "and local_infer.py) or zipfian (p_K (beta/(k-K+beta))^alpha)", choices="geometric|zipfian",
+                             allowed="geometric or zipfian")
+    top_k: int = setting(5, "top log-probabilities per token the estimator reads (--top_k 5)", "count")
+    rank_size: int | None = setting(None, "ranks M of the estimated distribution (None: the reference scripts', 1000; 100 for "
+                                    "zipfian through an API, as main.sh)", "count")
+    api_model: str = setting("davinci-002", "glimpse*: the completions endpoint's model (local_infer.py's default; babbage-002 costs less)")
+    prompt: str = setting("prompt3", "glimpse*: the reference's prompt sent before the text (prompt0: none; main.sh: prompt3, "
+                          "prompt4 for gpt-4-1106)", choices="prompt[0-4]", allowed="prompt0 to prompt4")
+    api_start: str = setting("<|endoftext|>", "glimpse*: sent first, its token not scored (the reference's; '' for a server "
+                             "that puts its own start token first)")
+    api_top_logprobs: int = setting(5, "glimpse*: top log-probabilities asked per token (the request's logprobs; OpenAI allows at "
+                                    "most 5: the reference asked Azure for 10 and read 5)", "count")
+
+    def check(self):
+        if self.api_top_logprobs < self.top_k:
+            raise SettingsError(f"glimpse.api_top_logprobs={self.api_top_logprobs}: fewer than glimpse.top_k={self.top_k}, which the estimator reads")
+        if self.rank_size is not None and self.rank_size <= self.top_k:
+            raise SettingsError(f"glimpse.rank_size={self.rank_size}: must exceed glimpse.top_k={self.top_k} (the estimated ranks are K+1..M)")
+
 # %% ../nbs/03_schema.ipynb #fbc99975
 _RAID_ATTACKS = "whitespace|zero_width_space|homoglyph|upper_lower|article_deletion|number|insert_paragraphs|alternative_spelling|misspelling|synonym"
 
@@ -574,6 +607,8 @@ class Settings(Section):
     lastde: Lastde = setting(Lastde(), "Lastde / Lastde++ hyper-parameters and sample count")
     adadetectgpt: AdaDetectGPT = setting(AdaDetectGPT(), "AdaDetectGPT's B-spline witness")
     tocsin: Tocsin = setting(Tocsin(), "TOCSIN's copies, deletion rate and BART")
+    specdetect: SpecDetect = setting(SpecDetect(), "SpecDetect++'s sample count")
+    glimpse: Glimpse = setting(Glimpse(), "Glimpse's estimator, its top k and rank size, and its completions endpoint")
     shield: Shield = setting(Shield(), "SHIELD word swaps")
     raid: Raid = setting(Raid(), "RAID's attacks (method raid)")
     shield_mlm: str | None = setting(None, "masked LM proposing words (paper: allenai/longformer-base-4096, App. B); None: causal-LM infill")

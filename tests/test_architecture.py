@@ -15,6 +15,7 @@ PKG = ROOT / "stealth_eval"
 STAGES = [("data", {"data", "benchmarks", "benchmarks_hub"}),
           ("methods", {"methods", "paraphrase", "humanify", "raid", "dipper"}),
           ("detectors", {"stream", "detectors", "perturbation", "supervised", "quality", "lastde", "dna_detectllm", "ghostbuster",
+                    "specdetect", "glimpse",
                     "adadetectgpt", "tocsin"}),
           ("metrics", {"metrics", "acceptance"}),
           ("figures", {"figures"}),
