@@ -211,7 +211,8 @@ DETECTORS = ComponentRegistry("detector", Detector, ["stealth_eval.detectors", "
                                                      "stealth_eval.api_detectors", "stealth_eval.dna_detectllm",
                                                      "stealth_eval.lastde", "stealth_eval.ghostbuster",
                                                      "stealth_eval.specdetect", "stealth_eval.glimpse",
-                                                     "stealth_eval.adadetectgpt", "stealth_eval.tocsin"])
+                                                     "stealth_eval.adadetectgpt", "stealth_eval.tocsin",
+                                                     "stealth_eval.imbd"])
 METHODS = ComponentRegistry("method", Method, ["stealth_eval.methods", "stealth_eval.paraphrase", "stealth_eval.humanify",
                                                  "stealth_eval.raid", "stealth_eval.dipper"])
 DATASETS = ComponentRegistry("dataset", Dataset, ["stealth_eval.data"])

@@ -20,9 +20,9 @@ from .core import StealthEvalError
 __all__ = ['MIN_WINDOW', 'MAX_WAIT_S', 'MAX_ATTEMPTS', 'MAX_BOOTSTRAP', 'REHEARSAL_KEYS', 'RUNNER_KEYS', 'DEVICE_PROFILES',
            'DEVICE_KEYS', 'setting', 'kind_of', 'type_name', 'accepts', 'SettingsError', 'shown_value', 'check_value',
            'type_hints', 'section_type', 'Section', 'section', 'Data', 'Watermark', 'ClassifierOffline',
-           'GhostbusterLocal', 'Validity', 'Perturbation', 'Lastde', 'AdaDetectGPT', 'Tocsin', 'Shield', 'Polish',
-           'SpecDetect', 'Glimpse', 'Raid', 'Dipper', 'Recursive', 'Acceptance', 'Engine', 'url_problem', 'Api',
-           'Settings', 'settings_rows']
+           'GhostbusterLocal', 'Validity', 'Perturbation', 'Lastde', 'AdaDetectGPT', 'Tocsin', 'Imbd', 'DetectAnyLLM',
+           'Shield', 'Polish', 'SpecDetect', 'Glimpse', 'Raid', 'Dipper', 'Recursive', 'Acceptance', 'Engine',
+           'url_problem', 'Api', 'Settings', 'settings_rows']
 
 # %% ../nbs/03_schema.ipynb #c1d89573
 def setting(default, doc: str = "", check: str | None = None, choices: str | None = None, allowed: str = "",
@@ -325,6 +325,56 @@ class Tocsin(Section):
     dtype: str = setting("float32", "BART's dtype (the reference loads it in float32)", choices="float32|bfloat16|float16",
                          allowed="float32, bfloat16 or float16")
 
+# %% ../nbs/03_schema.ipynb #1b4d0e29
+@section("imbd")
+class Imbd(Section):
+    "ImBD (29_imbd): the reference's values (Jiaqi-Chen-00/ImBD: spo/spo.py, spo/run_spo.py, scripts/train_spo.sh)."
+    model: str = setting("EleutherAI/gpt-neo-2.7B", "the LM whose LoRA is trained and which scores (run_spo.py --base_model "
+                         "gpt-neo-2.7B); the stand-in imbd_local trains the run's scoring_model instead")
+    lora_r: int = setting(8, "LoRA rank (spo.py LoraConfig r=8)", "count")
+    lora_alpha: float = setting(32.0, "LoRA alpha (lora_alpha=32)", "positive")
+    lora_dropout: float = setting(0.1, "LoRA dropout (lora_dropout=0.1; active in the first epoch only, as the reference's "
+                                  "evaluation after each epoch leaves the model in eval mode)", "unit")
+    target_modules: list[str] = setting([], "modules the LoRA adapts ([]: peft's default for the architecture, as the "
+                                        "reference: q_proj and v_proj of GPT-Neo)")
+    learning_rate: float = setting(1e-4, "AdamW learning rate, cosine-annealed to 0 over the steps (--lr 1e-4)", "positive")
+    epochs: int = setting(2, "passes over the training pairs (train_spo.sh --epochs 2)", "count")
+    batch_size: int = setting(1, "(human, AI) pairs per optimiser step (DataLoader batch_size=1, -a 1)", "count")
+    beta: float = setting(0.05, "SPO's beta (train_spo.sh --beta 0.05)", "positive")
+    max_pairs: int | None = setting(500, "at most this many pairs of the training split, drawn seeded (--datanum 500); None: all", "count")
+    adam_eps: float = setting(1e-6, "AdamW epsilon (transformers.AdamW's default, added to sqrt(v) before the bias correction)", "positive")
+    weight_decay: float = setting(0.0, "AdamW weight decay (transformers.AdamW's default)")
+    local_r: int = setting(4, "the stand-in imbd_local: LoRA rank (alpha scaled with it, alpha / r kept)", "count")
+    local_steps: int = setting(16, "the stand-in: optimiser steps in all (the cosine schedule spans them)", "count")
+    local_max_tokens: int = setting(128, "the stand-in: training texts cut to this many tokens", "window")
+    checkpoint_steps: int = setting(25, "training is checkpointed into the content cache every this many steps and at each "
+                                    "epoch's end (a killed run resumes there; not part of the result's key)", "count")
+
+@section("detectanyllm")
+class DetectAnyLLM(Section):
+    "DetectAnyLLM's DDL (29_imbd): the reference's values (fjc2005/DetectAnyLLM: train.py, core/, scripts/train.sh)."
+    model: str = setting("EleutherAI/gpt-neo-2.7B", "the LM whose LoRA is trained and which scores (train.sh SCORING_MODEL "
+                         "gpt-neo-2.7B); the stand-in detectanyllm_local trains the run's scoring_model instead")
+    lora_r: int = setting(8, "LoRA rank (train.py --lora_rank 8)", "count")
+    lora_alpha: float = setting(32.0, "LoRA alpha (--lora_alpha 32)", "positive")
+    lora_dropout: float = setting(0.1, "LoRA dropout (--lora_dropout 0.1; model.train() every epoch)", "unit")
+    target_modules: list[str] = setting([], "modules the LoRA adapts ([]: peft's default for the architecture, as the "
+                                        "reference: q_proj and v_proj of GPT-Neo)")
+    learning_rate: float = setting(1e-4, "AdamW learning rate, cosine-annealed to 0 over the steps (--learning_rate 1e-4)", "positive")
+    epochs: int = setting(5, "passes over the training pairs (--num_epochs 5; eval.sh reads the _e5 checkpoint)", "count")
+    batch_size: int = setting(1, "(human, AI) pairs per optimiser step (--train_batch_size 1)", "count")
+    target_human: float = setting(0.0, "the criterion DDL pulls a human text toward (--DDL_target_original_crit 0)", "count0")
+    target_ai: float = setting(100.0, "the criterion DDL pulls a machine text toward (--DDL_target_rewritten_crit 100)", "count0")
+    max_pairs: int | None = setting(500, "at most this many pairs of the training split, drawn seeded (the reference "
+                                    "trains on the 500 pairs of ImBD's file); None: all", "count")
+    adam_eps: float = setting(1e-8, "AdamW epsilon (torch.optim.AdamW's default)", "positive")
+    weight_decay: float = setting(0.01, "AdamW weight decay (torch.optim.AdamW's default)")
+    local_r: int = setting(4, "the stand-in detectanyllm_local: LoRA rank (alpha scaled with it, alpha / r kept)", "count")
+    local_steps: int = setting(16, "the stand-in: optimiser steps in all (the cosine schedule spans them)", "count")
+    local_max_tokens: int = setting(128, "the stand-in: training texts cut to this many tokens", "window")
+    checkpoint_steps: int = setting(25, "training is checkpointed into the content cache every this many steps and at each "
+                                    "epoch's end (a killed run resumes there; not part of the result's key)", "count")
+
 # %% ../nbs/03_schema.ipynb #7ad7e55c
 @section("shield")
 class Shield(Section):
@@ -604,6 +654,8 @@ class Settings(Section):
     m3_token_top_p: float = setting(0.9, "token-guided nucleus mass", "unit")
     m3_token_top_k: int = setting(50, "token-guided top-k", "count")
     perturbation: Perturbation = setting(Perturbation(), "DetectGPT / NPR / ProxiHuman perturbations")
+    imbd: Imbd = setting(Imbd(), "ImBD's LoRA training (SPO) and its stand-in imbd_local")
+    detectanyllm: DetectAnyLLM = setting(DetectAnyLLM(), "DetectAnyLLM's LoRA training (DDL) and its stand-in detectanyllm_local")
     lastde: Lastde = setting(Lastde(), "Lastde / Lastde++ hyper-parameters and sample count")
     adadetectgpt: AdaDetectGPT = setting(AdaDetectGPT(), "AdaDetectGPT's B-spline witness")
     tocsin: Tocsin = setting(Tocsin(), "TOCSIN's copies, deletion rate and BART")

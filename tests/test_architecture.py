@@ -16,7 +16,7 @@ STAGES = [("data", {"data", "benchmarks", "benchmarks_hub"}),
           ("methods", {"methods", "paraphrase", "humanify", "raid", "dipper"}),
           ("detectors", {"stream", "detectors", "perturbation", "supervised", "quality", "lastde", "dna_detectllm", "ghostbuster",
                     "specdetect", "glimpse",
-                    "adadetectgpt", "tocsin"}),
+                    "adadetectgpt", "tocsin", "imbd"}),
           ("metrics", {"metrics", "acceptance"}),
           ("figures", {"figures"}),
           ("report", {"report"}),
@@ -115,7 +115,8 @@ def test_every_registered_component_is_an_instance_of_its_base():
     assert DETECTORS.get("classifier_offline").needs_train_split and METHODS.get("shield").needs_train_split
     assert {n for n, d in DETECTORS.all().items() if d.supervised} == {"roberta_openai", "classifier_offline", "radar", "roberta_base_openai",
                                                                      "fakespot_roberta", "ghostbuster_local",
-                                                                     "adadetectgpt"}
+                                                                     "adadetectgpt",
+                                                                     "imbd", "detectanyllm", "imbd_local", "detectanyllm_local"}
     assert METHODS.get("polish").applies_to == "human" and "paraphraser" in METHODS.get("m1").model_keys
     assert "padben" in DATASETS.get("padben").analyses and DATASETS.get("mage").file == "mage_eval"
 
