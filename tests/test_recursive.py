@@ -176,7 +176,7 @@ def _stub_dipper(monkeypatch, tmp_path, base):
     seen = []
     if base == "dipper":
         monkeypatch.setattr(dp, "load_dipper", lambda cfg: (None, None, "stub-t5", "cpu"))
-        def t5(t5_, inputs, seeds, cache, top_p=0.75, max_length=512, batch_tokens=0, max_rows=16):
+        def t5(t5_, inputs, seeds, cache, top_p=0.75, max_length=512, batch_tokens=0, max_rows=16, step_mode=None):
             seen.extend((x, top_p, max_length) for x in inputs)
             return [_stub_paraphrase(x) for x in inputs]
         monkeypatch.setattr(dp, "t5_generate", t5)
