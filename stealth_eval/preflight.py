@@ -21,17 +21,18 @@ from .core import StealthEvalError, atomic_write_text, get_logger, read_json, wr
 
 # %% auto #0
 __all__ = ['DEVICE_PEAKS', 'IMPORT_GRACE_S', 'IMPORT_WAIT_MAX_S', 'PREFLIGHT_RUN', 'SMALL_LM', 'SMALL_LM_KEYS', 'LORA_SHAPE',
-           'RATE_PROXIES', 'BUDGETS', 'SIZES', 'STEPS', 'SKIPPABLE', 'PATHS_RUN', 'SHORT_RUN', 'SHORT_NOTEBOOKS',
-           'SHORT_NOTEBOOK_RUN', 'DEVICE_IMAGE', 'WHEELS', 'OPTIONAL', 'HEADLESS', 'RUNTIME', 'DEVICE_MARKERS',
-           'DEVICE_ONLY', 'WHEEL_PLATFORMS', 'TREE_LIMIT_MIB', 'device_peaks', 'StepCut', 'time_budget', 'run_step',
-           'measure_device', 'device_hw', 'versions', 'paper_stand_ins', 'build_models', 'preflight_config',
-           'preflight_texts', 'prefill_work', 'decode_bytes', 'plain_logprobs', 'plain_classify', 'plain_embed',
-           'plain_generate', 'random_lora_adapter', 'executed_lengths', 'recording_generate', 'seq2seq_seconds',
-           'seq2seq_parts', 'encoder_seconds', 'measure_path', 'profile_steps', 'measure_paths', 'run_notebooks',
-           'measured_rates', 'predict_paper', 'prediction_at_measured_rates', 'preflight_prediction', 'preflight',
-           'preflight_report', 'source_imports', 'notebook_imports', 'required_distributions', 'device_distributions',
-           'check_wheels', 'device_image_site', 'import_check', 'tree_bytes', 'build_wheels', 'parse_budgets',
-           'preflight_main', 'wheels_main']
+           'LAUNCH_S', 'BUSY_MIN', 'BOUNDS', 'PATH_ORDER', 'RATE_PROXIES', 'BUDGETS', 'RESERVE', 'MIN_STEP_S', 'SIZES',
+           'STEPS', 'SKIPPABLE', 'PATHS_RUN', 'SHORT_RUN', 'SHORT_NOTEBOOKS', 'SHORT_NOTEBOOK_RUN', 'DEVICE_IMAGE',
+           'WHEELS', 'OPTIONAL', 'HEADLESS', 'RUNTIME', 'DEVICE_MARKERS', 'DEVICE_ONLY', 'WHEEL_PLATFORMS',
+           'TREE_LIMIT_MIB', 'device_peaks', 'StepCut', 'time_budget', 'run_step', 'measure_device', 'device_hw',
+           'versions', 'paper_stand_ins', 'build_models', 'preflight_config', 'preflight_texts', 'prefill_work',
+           'decode_bytes', 'plain_logprobs', 'plain_classify', 'plain_embed', 'plain_generate', 'random_lora_adapter',
+           'executed_lengths', 'recording_generate', 'seq2seq_seconds', 'seq2seq_parts', 'encoder_seconds',
+           'measure_path', 'bound_verdict', 'profile_call', 'recorded_profile', 'profile_steps', 'with_roofline',
+           'prefill_roofline', 'measure_paths', 'run_notebooks', 'measured_rates', 'predict_paper',
+           'prediction_at_measured_rates', 'preflight_prediction', 'preflight', 'preflight_report', 'source_imports',
+           'notebook_imports', 'required_distributions', 'device_distributions', 'check_wheels', 'device_image_site',
+           'import_check', 'tree_bytes', 'build_wheels', 'parse_budgets', 'preflight_main', 'wheels_main']
 
 # %% ../nbs/09_preflight.ipynb #a6c71d72
 DEVICE_PEAKS = {   # data-sheet figures: dense bf16 tensor-core TFLOP/s (no sparsity), float32 TFLOP/s (no TF32), memory TB/s
@@ -159,12 +160,13 @@ def versions() -> dict:
 
 # %% ../nbs/09_preflight.ipynb #ff3ec627
 PREFLIGHT_RUN = {   # the notebooks step: a tiny sample at real shapes, every method and detector of the paper profile,
-    # on texts of 100-250 tokens: random weights run every generation to its cap, and at 350-720 tokens the H200's 00_data
-    # spent 60 of its 79 s after Qwen3's load began (load and decoding, not timed apart); texts past 512 tokens run in the paths step
-    "data": {"n_per_class": 2, "min_tokens": 100, "max_tokens": 250, "n_train_per_class": 2},
-    # 128-token buckets, not the paper's 16: a T5 fill batch costs its steps whatever its rows (filler or real), and a
-    # few texts' perturbations over 16-token buckets make a batch each; the notebooks check branches, not rates
-    "score_bucket_tokens": 128,
+    # on texts of 100-160 tokens: random weights run every generation to its cap (the H200's 00_data took 79 s at 350-720
+    # tokens, 43.5 s at 100-250; a decode step of Qwen3-4B 126 ms there, so each 90 tokens less of a cap is ~11 s less a
+    # decode batch); texts past 512 tokens run in the paths step
+    "data": {"n_per_class": 2, "min_tokens": 100, "max_tokens": 160, "n_train_per_class": 2},
+    # 256-token buckets, not the paper's 16: a T5 fill batch costs its steps whatever its rows (filler or real: 512 rows,
+    # ~90 ms a step on the H200), and each bucket is a batch of its own; these texts fit one, so a fill round is one batch
+    "score_bucket_tokens": 256,
     "n_candidates": [1, 2], "homoglyph_rates": [0.01], "perturbation": {"n_perturbations": 2, "max_attempts": 2},
     "paraphrase_max_new_ratio": 0.5, "n_bootstrap": 50, "n_examples": 2,
     "shield": {"random_p": [0.1], "swap_p": [0.1], "rounds": [5]}, "polish": {"degrees": ["minor"], "percents": [10]},
@@ -422,8 +424,10 @@ def _fill_stats(name: str, scale: str, calls: list, n_fill: int, dt: float, hw: 
     return out
 
 def measure_path(rows: list, device: str, path: str, models: list, run, warm=None, baseline=None, stats=None, note: str = "",
-                 free: bool = True):   # False: keep the last path's models (the same ones: no second load of 14 GB)
-    "One path: free the last path's models, warm up (load + first kernels), time `run`, then the plain `baseline`."
+                 free: bool = True,   # False: keep the last path's models (the same ones: no second load of 14 GB)
+                 probe=None):         # probe(run's value) -> the path's profile (`with_roofline`): a few calls, profiled
+    """One path: free the last path's models, warm up (load + first kernels), time `run`, then the plain `baseline`,
+    then the `probe`: its profile and verdict (`bound`, `verdict`) in the row."""
     from stealth_eval.rehearsal import _free, _peak_reset
     row = {"path": path, "models": models, "note": note}
     rows.append(row)
@@ -436,6 +440,12 @@ def measure_path(rows: list, device: str, path: str, models: list, run, warm=Non
         if baseline:
             _, bdt = _timed(baseline, device)
             row.update(baseline_s=round(bdt, 3), ratio=round(dt / bdt, 2))
+        if probe:
+            try: row["profile"] = probe(out)
+            except StepCut: raise
+            except Exception as e: row["profile"] = {"error": f"{type(e).__name__}: {e}"}
+            row["bound"] = row["profile"].get("bound")
+            row["verdict"] = row["profile"].get("verdict") or f"not profiled: {row['profile'].get('error')}"
         row["status"] = "ok"
     except StepCut:
         row["status"] = "cut"; raise
@@ -444,32 +454,161 @@ def measure_path(rows: list, device: str, path: str, models: list, run, warm=Non
         get_logger().warning(f"preflight: path {path} failed: {type(e).__name__}: {e}")
     return row
 
-def profile_steps(fn, device: str, n_short: int = 4, n_long: int = 12, top: int = 5) -> dict:
-    """What one decode step costs, from torch's profiler: `fn(n)` generates n new tokens a row, and a run of `n_long`
-    less one of `n_short`, over the steps between, leaves a step's share (the prefill cancels). The host's time in
-    operators, the device's time in kernels, the kernels launched, and the operators that take most of each."""
-    import torch
+# %% ../nbs/09_preflight.ipynb #c4a9d2e1
+LAUNCH_S = 5e-6   # a kernel launch's host cost and a small kernel's time on the device (on a CPU: an operator's dispatch)
+BUSY_MIN = 0.5    # a device busy less than this share of the wall time (a CPU: its cores in operators) waits on the host
+BOUNDS = ("compute", "bandwidth", "launch")
+
+def bound_verdict(wall_s: float, compute_s: float | None = None, memory_s: float | None = None,
+                  busy_s: float | None = None, launches: float | None = None, cuda: bool = True) -> dict:
+    """What bounds a call (or a step) that took `wall_s`. **launch**: the device was busy (`busy_s`: its kernels' time;
+    on a CPU the operators' own time) less than BUSY_MIN of it, or its launches at LAUNCH_S each fill that share (kernels
+    too small to matter one by one); else **compute** or **bandwidth**, whichever roofline time is longer: `compute_s`
+    (its FLOPs at the peak) or `memory_s` (its bytes at the bandwidth), with the share of the roofline it reached.
+    {'bound' (None when nothing is known), 'roofline_pct', 'busy_pct', 'line'}."""
+    what = "device" if cuda else "cores (in operators)"
+    if not wall_s > 0:   # a longer run less a shorter one came to nothing: the steps' time was lost in the calls' noise
+        return {"bound": None, "roofline_pct": None, "busy_pct": None, "line": "not classified: no time measured"}
+    busy = busy_s / wall_s if busy_s is not None and wall_s > 0 else None
+    roof = max(compute_s or 0.0, memory_s or 0.0)
+    pct = round(100 * roof / wall_s, 2) if roof and wall_s > 0 else None
+    ms = lambda s: "–" if s is None else f"{1e3 * s:,.4g} ms"
+    tail = f"FLOPs {ms(compute_s)} at the peak, bytes {ms(memory_s)} at the bandwidth, {ms(wall_s)} taken"
+    lt = (launches or 0) * LAUNCH_S
+    out = {"roofline_pct": pct, "busy_pct": None if busy is None else round(100 * busy, 1)}
+    if busy is not None and busy < BUSY_MIN:
+        return {**out, "bound": "launch", "line": f"launch-bound: the {what} busy {busy:.0%} of the time "
+                                                  f"({launches or 0:,.0f} launches; {tail})"}
+    if lt >= BUSY_MIN * wall_s > 0:
+        return {**out, "bound": "launch", "line": f"launch-bound: {launches:,.0f} launches at {LAUNCH_S * 1e6:.0f} µs each fill "
+                                                  f"{lt / wall_s:.0%} of the time ({tail})"}
+    if not roof: return {**out, "bound": None, "line": f"not classified: no roofline known ({tail})"}
+    b = "compute" if (compute_s or 0) >= (memory_s or 0) else "bandwidth"
+    busy_s_ = f"; the {what} busy {busy:.0%}" if busy is not None else ""
+    return {**out, "bound": b, "line": f"{b}-bound: {pct:.3g}% of its roofline ({tail}{busy_s_})"}
+
+_PROFILER_USED = []   # the profiler's first use in a process costs more (its own start): done once, on nothing
+
+def _record(fn, device: str, flops: bool = False) -> tuple:
+    "`fn()` once under torch's profiler: (the profiler, wall seconds, fn's value); `_digest` reads it, later (it takes time)."
     from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+    if not _PROFILER_USED:
+        with profile(activities=acts): _sync(device)
+        _PROFILER_USED.append(True)
+    with profile(activities=acts, with_flops=flops) as p:
+        t0 = time.perf_counter(); out = fn(); _sync(device); wall = time.perf_counter() - t0
+    return p, wall, out
+
+def _digest(p, wall: float, device: str) -> dict:
+    """A recorded profile's figures: {'ops': {operator: [calls, host µs, device µs, kernels, FLOPs]}, 'wall_s',
+    'device_us', 'kernels', 'launches'}. The device's time is its kernels' own events (an operator's self device time
+    counts the same kernels again); launches are the runtime's launch calls (a CUDA graph's replay is one), on a CPU the
+    operators dispatched."""
+    from torch.autograd import DeviceType
     cuda = device.startswith("cuda")
-    def one(n):
-        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as p:
-            fn(n); _sync(device)
-        return {e.key: (e.count, e.self_cpu_time_total, getattr(e, "self_device_time_total", 0.0) if cuda else 0.0)
-                for e in p.key_averages()}
-    one(n_short)                                                  # the profiler's own first-use cost, not counted
-    a, b, k = one(n_short), one(n_long), n_long - n_short
-    per = {key: [(b.get(key, (0, 0, 0))[i] - a.get(key, (0, 0, 0))[i]) / k for i in range(3)] for key in set(a) | set(b)}
-    ops = lambda i: [{"op": key[:90], "ms": round(v[i] / 1e3, 3), "calls": round(v[0], 1)}
-                     for key, v in sorted(per.items(), key=lambda kv: -kv[1][i])[:top] if v[i] > 0]
-    return {"steps": k, "host_op_ms": round(sum(max(v[1], 0) for v in per.values()) / 1e3, 3),
-            "device_ms": round(sum(max(v[2], 0) for v in per.values()) / 1e3, 3) if cuda else None,
-            "launches": round(sum(v[0] for key, v in per.items() if "LaunchKernel" in key), 1) if cuda else None,
-            "top_host": ops(1), "top_device": ops(2) if cuda else []}
+    kern = {}
+    if cuda:
+        for e in p.events():
+            if e.device_type == DeviceType.CPU and e.kernels: kern[e.key] = kern.get(e.key, 0) + len(e.kernels)
+    ops, dev_us, n_kernels, launches = {}, 0.0, 0, 0
+    for e in p.key_averages():
+        if getattr(e, "is_user_annotation", False): continue
+        if e.device_type != DeviceType.CPU:                     # a kernel, a copy or a set on the device
+            dev_us += e.self_device_time_total; n_kernels += e.count; continue
+        if "LaunchKernel" in e.key or "GraphLaunch" in e.key: launches += e.count
+        ops[e.key] = [e.count, e.self_cpu_time_total, e.self_device_time_total if cuda else 0.0, kern.get(e.key, 0), e.flops or 0]
+    if not cuda: launches = sum(v[0] for k, v in ops.items() if k.startswith("aten::"))
+    return {"ops": ops, "wall_s": wall, "device_us": dev_us if cuda else None, "kernels": n_kernels if cuda else None,
+            "launches": launches}
+
+def _profiled(fn, device: str, flops: bool = False) -> tuple:
+    "(`_digest`'s figures, fn's value) of one call of `fn()` under the profiler."
+    p, wall, out = _record(fn, device, flops)
+    return _digest(p, wall, device), out
+
+def _profile_summary(raw: dict, cuda: bool, top: int, per: str) -> dict:
+    "The public form of `_profiled`'s figures: totals in ms and the `top` operators by host time and by device time."
+    ops = raw["ops"]
+    def best(i):
+        return [{"op": k[:90], "host_ms": round(v[1] / 1e3, 3), "device_ms": round(v[2] / 1e3, 3) if cuda else None,
+                 "calls": round(v[0], 1), "kernels": round(v[3], 1) if cuda else None, **({"gflop": round(v[4] / 1e9, 3)} if v[4] else {})}
+                for k, v in sorted(ops.items(), key=lambda kv: -kv[1][i])[:top] if v[i] > 0]
+    fl = sum(max(v[4], 0) for v in ops.values())
+    return {"per": per, "wall_ms": round(1e3 * raw["wall_s"], 3), "host_op_ms": round(sum(max(v[1], 0) for v in ops.values()) / 1e3, 3),
+            "device_ms": round(raw["device_us"] / 1e3, 3) if cuda else None, "launches": round(raw["launches"], 1),
+            "kernels": round(raw["kernels"], 1) if cuda else None, **({"profiler_flops": fl} if fl else {}),
+            "top_host": best(1), "top_device": best(2) if cuda else []}
+
+def profile_call(fn, device: str, top: int = 5, flops: bool = False) -> tuple:
+    "(profile, fn's value) of one call of `fn()`: wall, host and device ms, launches, top operators (`flops`: the profiler's FLOPs)."
+    raw, out = _profiled(fn, device, flops)
+    return _profile_summary(raw, device.startswith("cuda"), top, "call"), out
+
+def recorded_profile(rec: tuple, device: str, top: int = 5) -> dict:
+    "`profile_call`'s profile of a call `_record` made (a path's timed call, profiled as it ran), read now."
+    return _profile_summary(_digest(rec[0], rec[1], device), device.startswith("cuda"), top, "call")
+
+def profile_steps(fn, device: str, n_short: int = 4, n_long: int = 12, top: int = 5) -> dict:
+    """What one decode step costs: `fn(n)` generates n new tokens a row, and a profiled run of `n_long` less one of
+    `n_short`, over the steps between, leaves a step's share (the prefill cancels). `profile_call`'s figures, per step."""
+    cuda = device.startswith("cuda")
+    fn(n_short)                                                   # its own first-use costs (kernels, a captured step), not counted
+    for _ in range(3):   # the longer run once more where it was not the slower (a call's noise can pass its steps' time)
+        (a, _), (b, _), k = _profiled(lambda: fn(n_short), device), _profiled(lambda: fn(n_long), device), n_long - n_short
+        if b["wall_s"] > a["wall_s"]: break
+    keys = set(a["ops"]) | set(b["ops"])
+    z = [0, 0, 0, 0, 0]
+    per = {"ops": {key: [(b["ops"].get(key, z)[i] - a["ops"].get(key, z)[i]) / k for i in range(5)] for key in keys},
+           "wall_s": max(b["wall_s"] - a["wall_s"], 0.0) / k, "launches": (b["launches"] - a["launches"]) / k,
+           "device_us": (b["device_us"] - a["device_us"]) / k if cuda else None,
+           "kernels": (b["kernels"] - a["kernels"]) / k if cuda else None}
+    return {**_profile_summary(per, cuda, top, "step"), "steps": k}
+
+def with_roofline(prof: dict, hw: dict, what: str = "", flops: float | None = None, byt: float | None = None,
+                  compute_s: float | None = None, memory_s: float | None = None) -> dict:
+    """A profile with its work and its verdict (`bound_verdict`): the profiled call's (or step's) roofline, `compute_s`
+    (default `flops` at the bf16 peak) and `memory_s` (default `byt` bytes at the bandwidth), beside its wall time, the
+    device's busy time (a CPU: the operators') and its launches. `what`: what was profiled."""
+    cuda = prof.get("device_ms") is not None
+    c = compute_s if compute_s is not None else flops / (hw["peak_tflops"] * 1e12) if flops else None
+    m = memory_s if memory_s is not None else byt / (hw["hbm_tb_s"] * 1e12) if byt else None
+    v = bound_verdict(prof["wall_ms"] / 1e3, c, m, (prof["device_ms"] if cuda else prof["host_op_ms"]) / 1e3, prof.get("launches"), cuda)
+    return {**prof, "what": what, "flops": flops, "bytes": byt, "compute_ms": None if c is None else round(1e3 * c, 4),
+            "memory_ms": None if m is None else round(1e3 * m, 4), **{k: v[k] for k in ("bound", "roofline_pct", "busy_pct")},
+            "verdict": v["line"]}
+
+def prefill_roofline(names: list, scale: str, lengths: list, hw: dict, logits: bool = True, stacks=None,
+                     plan: tuple | None = None,    # (token budget, granule, longest input) of the path's batches
+                     dtype: str | None = None, extra_bytes: float = 0.0) -> dict:
+    """The roofline of the prefill passes a path runs over texts of `lengths` tokens: FLOPs of the blocks on every
+    executed row (filler included) at the weights' dtype's peak and of a causal LM's scored head on the real tokens at
+    float32's (`_prefill_stats`' rule), and bytes: each model's weights read once a batch (the embedding table only
+    where tied to the head), plus `extra_bytes` (Lastde++'s sampling). {'flops', 'bytes', 'compute_s', 'memory_s'}."""
+    from stealth_eval.models import plan_batches
+    from stealth_eval.rehearsal import param_split, weight_bytes
+    if plan and plan[2]: lengths = [min(n, int(plan[2])) for n in lengths]
+    ex = executed_lengths(lengths, *plan) if plan else list(lengths)
+    head = sum(prefill_work(n, scale, lengths, True, stacks) - prefill_work(n, scale, lengths, False, stacks) for n in names) if logits else 0.0
+    blocks = sum(prefill_work(n, scale, ex, False, stacks) for n in names)
+    bf16 = weight_bytes(names[0], dtype) == 2
+    c = (blocks / hw["peak_tflops"] + head / hw["fp32_tflops"]) / 1e12 if bf16 else (blocks + head) / hw["fp32_tflops"] / 1e12
+    n_batches = len(plan_batches(lengths, plan[0], plan[1], max_len=plan[2])) if plan and plan[0] > 0 else len(lengths)
+    split = [param_split(n, scale) for n in names]
+    byt = n_batches * sum((s["total"] - (0 if s["tied"] else s["embedding"])) * weight_bytes(n, dtype) for n, s in zip(names, split)) + extra_bytes
+    return {"flops": blocks + head, "byt": byt, "compute_s": c, "memory_s": byt / (hw["hbm_tb_s"] * 1e12)}
 
 # %% ../nbs/09_preflight.ipynb #21bb9b80
+PATH_ORDER = ("log_likelihood", "lastde_pp", "binoculars", "dna_detectllm",   # Falcon-7b and -instruct: the scoring rows
+              "t5_fills", "paraphraser",                                      # T5's fills, Qwen3-4B's decoding
+              "roberta_openai", "radar", "e5", "mpnet",                        # the small models' rows
+              "m3", "lora", "proxihuman")                                      # a whole method and two path checks: no rate of their own
+
 def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: int, new_tokens: int, m3_items: int = 1,
                   m3_words: int | None = None) -> dict:
-    "Every model path of the paper run through the project's functions, with its plain baseline (rows in `partial['paths']`)."
+    """Every model path of the paper run through the project's functions, with its plain baseline and its profile (rows
+    in `partial['paths']`), in `PATH_ORDER`: what the prediction needs most first, so that a cut loses the least."""
+    import math
     import torch
     from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer
     from stealth_eval.components import DETECTORS
@@ -480,7 +619,7 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
     from stealth_eval.paraphrase import load_adapted_lm, method_m3
     from stealth_eval.perturbation import (MASK, _fit_words, load_proxihuman_embedder, load_t5, proxihuman_embed_dtype, mask_spans, perturb_texts,
                                            perturbation_params, t5_fill, t5_fill_length, t5_knobs, t5_masked_text)
-    from stealth_eval.rehearsal import _name_of
+    from stealth_eval.rehearsal import LOGIT_PASS_BYTES, _name_of, decode_step, model_config, peak_flops
     from stealth_eval.supervised import load_sequence_classifier
     dev, scale = resolve_device(cfg["device"]), cfg["rehearsal"]["scale"]
     cuda = dev.startswith("cuda")
@@ -499,13 +638,30 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
             if cuda: call()
         return w
 
+    def call_probe(call, work, what):   # one call under the profiler; work(its value, profile) -> its roofline
+        def p(_):
+            prof, out = profile_call(call, dev)
+            return with_roofline(prof, hw, what, **work(out, prof))
+        return p
+    def profiled(call):   # a whole method's one timed call, recorded by the profiler as it runs (read after the timing)
+        return lambda: _record(call, dev, flops=True)
+    def run_profile(what):   # that call's profile; FLOPs: the profiler's count (its matrix products), at the bf16 peak
+        def p(rec):
+            prof = recorded_profile(rec, dev)
+            return with_roofline(prof, hw, what, flops=prof.get("profiler_flops"))
+        return p
+
     sb, sg = scoring_budget(cfg, dev)
-    def detector(name, models, load, base=None, logits=True, note="", max_len=None, free=True):
+    def detector(name, models, load, base=None, logits=True, note="", max_len=None, free=True, extra_bytes=None):
         d = DETECTORS.get(name)
+        names = [_name_of(m) for m in models]
         plan = lambda: (sb, sg, max_len or min(load_causal_lm(m, **lm_kwargs(cfg)).max_length for m in models))   # loaded by then
-        measure_path(rows, dev, f"{name} ({d.family})", [_name_of(m) for m in models],
+        work = lambda st, _: prefill_roofline(names, scale, lengths(st), hw, logits, plan=plan(),
+                                              extra_bytes=extra_bytes(lengths(st)) if extra_bytes else 0.0)
+        measure_path(rows, dev, f"{name} ({d.family})", names,
                      lambda: d.compute(texts, cfg, fresh()), warm(load, lambda: d.compute(short, cfg, fresh())), base,
-                     lambda st, dt: _prefill_stats([_name_of(m) for m in models], scale, lengths(st), dt, hw, logits, plan=plan()), note, free)
+                     lambda st, dt: _prefill_stats(names, scale, lengths(st), dt, hw, logits, plan=plan()), note, free,
+                     probe=call_probe(lambda: d.compute(short, cfg, fresh()), work, "one call: a 60-word text, its padded batch"))
 
     def plain_lms(keys, window, samples=0):
         def base():
@@ -516,16 +672,13 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
 
     W = DETECTORS.get("log_likelihood").window_of(cfg)
     both = lambda: (lm("binoculars_observer"), lm("binoculars_performer"))
-    detector("log_likelihood", [cfg["scoring_model"]], lambda: lm("scoring_model"), plain_lms(["scoring_model"], W),
-             note="the likelihood panel (log-likelihood, log-rank, rank, entropy, LRR, Fast-DetectGPT) in one pass")
-    detector("binoculars", [cfg["binoculars_observer"], cfg["binoculars_performer"]], both,
-             plain_lms(["binoculars_observer", "binoculars_performer"], DETECTORS.get("binoculars").window_of(cfg)), free=False)
-    detector("dna_detectllm", [cfg["binoculars_observer"], cfg["binoculars_performer"]], both,
-             plain_lms(["binoculars_observer", "binoculars_performer"], DETECTORS.get("dna_detectllm").window_of(cfg)), free=False)
     n_s = int((cfg.get("lastde") or {}).get("n_samples") or 100)
-    detector("lastde_pp", [cfg["scoring_model"]], lambda: lm("scoring_model"), plain_lms(["scoring_model"], DETECTORS.get("lastde_pp").window_of(cfg) or W, n_s), free=False,
-             note=f"one pass and {n_s} samples per position; the baseline draws them with torch.multinomial")
-    rows[-1]["samples"] = n_s
+    def lastde_pp():
+        V = model_config(_name_of(cfg["scoring_model"])).vocab_size   # each position's full distribution, read to draw its samples
+        detector("lastde_pp", [cfg["scoring_model"]], lambda: lm("scoring_model"), plain_lms(["scoring_model"], DETECTORS.get("lastde_pp").window_of(cfg) or W, n_s), free=False,
+                 note=f"one pass and {n_s} samples per position; the baseline draws them with torch.multinomial",
+                 extra_bytes=lambda ls: sum(ls) * (LOGIT_PASS_BYTES * V + n_s * math.ceil(math.log2(V)) * 8))
+        rows[-1]["samples"] = n_s
 
     def plain_classifier(spec):
         def base():
@@ -533,127 +686,162 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
             plain_classify(m, AutoTokenizer.from_pretrained(spec), texts, 4 * R, 512, dev)
         return base
     clf = lambda spec: lambda: load_sequence_classifier(spec, cfg["device"], cfg["trust_remote_code"])
-    detector("roberta_openai", [cfg["classifier_model"]], clf(cfg["classifier_model"]), plain_classifier(cfg["classifier_model"]), logits=False, max_len=512,
-             note="the baseline loads its own copy (plain nn.Linear layers)")
-    if "radar" in cfg["detectors"]:
-        detector("radar", [cfg["classifiers"]["radar"]], clf(cfg["classifiers"]["radar"]), plain_classifier(cfg["classifiers"]["radar"]), logits=False, max_len=512,
-                 note="the baseline loads its own copy (plain nn.Linear layers)")
 
     def embed_path(label, spec, load, max_length, dtype=None):   # dtype: what `load` loads in where the run sets it
         name = _name_of(spec)
         tok = AutoTokenizer.from_pretrained(spec)
         lens = [len(s) for s in tok(texts, truncation=True, max_length=max_length).input_ids]
+        plan = lambda: (eb, int(cfg.get("embed_bucket_tokens", 32)), max_length)
         def base():
             m = AutoModel.from_pretrained(spec).to(dev).eval()
             plain_embed(m, tok, texts, 4 * R, max_length, dev)
         measure_path(rows, dev, label, [name], lambda: load().encode(texts), warm(load, lambda: load().encode(short)), base,
-                     lambda out, dt: _prefill_stats([name], scale, lens, dt, hw, logits=False, plan=(eb, int(cfg.get("embed_bucket_tokens", 32)), max_length),
-                                                    dtype=dtype))
+                     lambda out, dt: _prefill_stats([name], scale, lens, dt, hw, logits=False, plan=plan(), dtype=dtype),
+                     probe=call_probe(lambda: load().encode(short),
+                                      lambda out, _: prefill_roofline([name], scale, [len(tok(short[0], truncation=True, max_length=max_length).input_ids)],
+                                                                      hw, False, plan=plan(), dtype=dtype),
+                                      "one call: a 60-word text, its padded batch"))
     from stealth_eval.models import _embed_budget
     eb = _embed_budget(dev, cfg.get("embed_batch_tokens", "auto"))
-    embed_path("similarity embedder (E5)", cfg["embedder"],
-               lambda: load_embedder(cfg["embedder"], device=cfg["device"], batch_tokens=cfg.get("embed_batch_tokens", "auto"),
-                                     bucket_tokens=int(cfg.get("embed_bucket_tokens", 32))), 512)
     ph = (cfg.get("perturbation") or {}).get("proxihuman_embedder") or cfg["embedder"]
-    embed_path("ProxiHuman embedder (MPNet)", ph, lambda: load_proxihuman_embedder(ph, cfg), 384, proxihuman_embed_dtype(cfg))
 
     p, kn = perturbation_params(cfg), t5_knobs(perturbation_params(cfg), cfg)
     t5 = lambda: load_t5(p["t5_model"], cfg["device"], kn["t5_dtype"])
+    t5_name = _name_of(p["t5_model"])
     # T5 fills: the longest quarter of the texts, whose sources T5's window cuts, so that their masked inputs share few
     # length buckets; a batch's cost is its steps at its rows, real or filler, so fewer buckets is less time
     ft = texts[:max(1, len(texts) // 4)]
     masked = lambda t, seed: mask_spans(_fit_words(t, t5()[1], int(p["t5_max_input_tokens"]))[0], p["span_length"],
                                         p["pct_words_masked"], p["buffer_size"], seed)   # a text cut to T5's window, masked
-    def t5_base():
+    n_fill, rec = len(ft) * int(p["n_perturbations"]), {}
+    def t5_base():   # plain generate() on the same masked texts, no filler rows, for a quarter of the longest cap: per step
         model, tok = t5()[0], t5()[1]
         jobs = [masked(t, i) for i, t in enumerate(ft) for _ in range(int(p["n_perturbations"]))]
         jobs = [j for j in jobs if j]
         cap = max(t5_fill_length(sum(x is MASK for x in j), p["t5_max_length"], kn["t5_tokens_per_span"]) for j in jobs)
+        rec["base_steps"] = max(cap // 4, 2) - 1
         plain_generate(model, [tok(t5_masked_text(j)).input_ids[:int(p["t5_max_input_tokens"])] for j in jobs], int(p["batch_size"]),
-                       tok.pad_token_id, dev, max_length=cap, top_p=float(p["mask_top_p"]))
-    n_fill, rec = len(ft) * int(p["n_perturbations"]), {}
+                       tok.pad_token_id, dev, max_length=rec["base_steps"] + 1, top_p=float(p["mask_top_p"]))
     def fills():
         with recording_generate(t5()[0]) as rec["calls"]: return perturb_texts(ft, "t5", cfg, fresh())
     def t5_call():   # the first kernels: one batch of the run's shape rule, four decoder steps (not a whole fill)
         job = masked(short[0], 0)
         t5_fill(t5(), [job], [0], max_length=4, batch_tokens=kn["fill_batch_tokens"],
                 granule=int(cfg.get("score_bucket_tokens", 64)), max_rows=int(p["batch_size"]))
-    measure_path(rows, dev, "T5 span fills (DetectGPT, NPR)", [_name_of(p["t5_model"])],
-                 fills, lambda: (t5(), t5_call()), t5_base,   # the call runs on a CPU too: cheap, and CI runs it
-                 lambda out, dt: _fill_stats(_name_of(p["t5_model"]), scale, rec["calls"], n_fill, dt, hw, kn["t5_dtype"],
-                                             encoder_seconds(t5()[0], rec["calls"], dev)),
-                 note=f"{len(ft)} texts x {p['n_perturbations']} perturbations, T5 in {kn['t5_dtype']}; "
-                      "the baseline samples the same masked texts with generate() at the longest cap, without filler rows")
-    # is a decoder step bound by its rows' bytes or by its kernel launches? One masked text as one batch of a quarter of
-    # the run's rows and of all of them, a few dozen steps each: launch-bound, the larger batch costs about the same a step
-    sweep_rows, sweep_steps = [max(1, int(p["batch_size"]) // 4), int(p["batch_size"])], (64 if cuda else 8)
-    def sweep():
-        job = masked(ft[0], 0)
-        out = []
-        for R in sweep_rows:
-            with recording_generate(t5()[0]) as calls:
-                _, dt = _timed(lambda: t5_fill(t5(), [job] * R, list(range(R)), max_length=sweep_steps + 1, batch_tokens=R * 65536,
-                                               granule=int(cfg.get("score_bucket_tokens", 64)), max_rows=R), dev)
-            roof = seq2seq_seconds(_name_of(p["t5_model"]), scale, calls, {**hw, "mfu": 1.0, "bw_eff": 1.0}, kn["t5_dtype"])
-            out.append({"rows": R, "calls": [list(c) for c in calls], "seconds": round(dt, 3),
-                        "step_ms": round(1e3 * dt / max(sum(T - 1 for _, _, T in calls), 1), 2), "pct_roofline": round(100 * roof / dt, 2)})
-        return out
-    def sweep_stats(out, dt):
-        a, b = out[0], out[-1]
-        return {"kind": "sweep", "items": sum(len(o["calls"]) for o in out), "unit": "batches", "sweep": out,
-                "pct_roofline": b["pct_roofline"], "step_ratio": round(b["step_ms"] / a["step_ms"], 2),
-                "note": f"a decoder step (encoder pass included) took {a['step_ms']} ms at {a['rows']} rows ({a['pct_roofline']}% of "
-                        f"its roofline) and {b['step_ms']} ms at {b['rows']} rows ({b['pct_roofline']}%): {b['step_ms'] / a['step_ms']:.2f}x "
-                        f"the time for {b['rows'] // a['rows']}x the rows (near 1: launch-bound, so each fill is cheaper in larger batches)"}
-    measure_path(rows, dev, f"T5 decoder step at {sweep_rows[0]} and {sweep_rows[1]} rows", [_name_of(p["t5_model"])],
-                 sweep, None, None, sweep_stats, free=False)   # the T5 of the last path, kept
+    def t5_step(_):   # a decoder step of one fill batch of the run's shape (its rows, filler included), profiled
+        job, calls = masked(ft[0], 0), []
+        def fn(n):
+            with recording_generate(t5()[0]) as c:
+                t5_fill(t5(), [job], [0], max_length=n + 1, batch_tokens=kn["fill_batch_tokens"],
+                        granule=int(cfg.get("score_bucket_tokens", 64)), max_rows=int(p["batch_size"]))
+            calls[:] = c
+        prof = profile_steps(fn, dev)
+        Rr, L, _ = calls[-1]
+        byt, fl = decode_step(t5_name, Rr, L + 8, ("decoder.block",), kn["t5_dtype"], scale)
+        return with_roofline(prof, hw, f"a decoder step of one fill batch ({Rr} rows x {L} source tokens)", fl, byt,
+                             compute_s=fl / peak_flops(t5_name, hw, kn["t5_dtype"]))
+    def t5_stats(out, dt):
+        s = _fill_stats(t5_name, scale, rec["calls"], n_fill, dt, hw, kn["t5_dtype"], encoder_seconds(t5()[0], rec["calls"], dev))
+        return {**s, "step_ms": round(1e3 * (dt - s.get("encoder_s", 0)) / max(s["decoder_steps"], 1), 2)}
+    def t5_path():
+        row = measure_path(rows, dev, "T5 span fills (DetectGPT, NPR)", [t5_name],
+                           fills, lambda: (t5(), t5_call()), t5_base,   # the call runs on a CPU too: cheap, and CI runs it
+                           t5_stats, note=f"{len(ft)} texts x {p['n_perturbations']} perturbations, T5 in {kn['t5_dtype']}; "
+                                          "the baseline samples the same masked texts with generate() without filler rows, "
+                                          "for a quarter of the longest cap: its ratio is per decoder step",
+                           probe=t5_step)
+        if row.get("baseline_s") and row.get("decoder_steps"):   # the ratio per decoder step (the baseline ran fewer)
+            row["ratio"] = round((row["seconds"] / row["decoder_steps"]) / (row["baseline_s"] / rec["base_steps"]), 2)
+
     para = cfg["paraphraser"]
     name = _name_of(para)
     batch = int(cfg.get("paraphrase_batch_size", 8))
-    def decode_path(label, get, note="", profile=False):
+    def decode_path(label, get, note="", profile=False, baseline=True, new=new_tokens):
         step = cfg.get("decode_step")   # how a decode step runs in the run (its device profile's: a captured step on a GPU)
         prompts = lambda m: [m.tokenizer(t, add_special_tokens=False).input_ids[:256] for t in (texts * n_prompts)[:n_prompts]]
         def run():
             m = get(); ps = prompts(m); before = Counter(DECODE_RUNS)
-            outs = sample_continuations(m, ps, list(range(len(ps))), new_tokens, new_tokens, temperature=1.0, top_p=0.95,
+            outs = sample_continuations(m, ps, list(range(len(ps))), new, new, temperature=1.0, top_p=0.95,
                                         batch_size=batch, desc="preflight: sample", decode_step=step)
             return ps, sum(len(o) for o in outs), decode_runs_since(before)
         def call():
             m = get(); sample_continuations(m, prompts(m)[:1], [0], 2, 2, temperature=1.0, top_p=0.95, batch_size=1, desc="warm-up",
                                             decode_step=step)
         def base():
-            m = get(); plain_generate(m.model, prompts(m), batch, pad_of(m.tokenizer), dev, new_tokens=new_tokens, top_p=0.95, temperature=1.0)
-        row = measure_path(rows, dev, label, [name], run, warm(get, call), base,
-                           lambda out, dt: {**_decode_stats(name, scale, out[0], new_tokens, batch, out[1], dt, hw),
-                                            "decode_step": out[2]}, note)   # how the steps ran (a capture that failed says why)
-        if profile and row.get("status") == "ok":   # where a step's time goes, the project's loop beside generate's
-            try:
-                m = get(); ps = prompts(m)[:batch]
-                row["profile"] = {
-                    "project": profile_steps(lambda n: sample_continuations(m, ps, list(range(len(ps))), n, n, temperature=1.0,
-                                                                           top_p=0.95, batch_size=batch, desc="profile",
-                                                                           decode_step=step), dev),
-                    "plain": profile_steps(lambda n: plain_generate(m.model, ps, batch, pad_of(m.tokenizer), dev, new_tokens=n,
-                                                                   top_p=0.95, temperature=1.0), dev)}
-            except StepCut: raise
-            except Exception as e: row["profile"] = {"error": f"{type(e).__name__}: {e}"}
-    decode_path(f"paraphraser sampling ({n_prompts} prompts x {new_tokens} new tokens)", lambda: lm("paraphraser"), profile=True)
-    adapter = random_lora_adapter(para, tmp / "lora")
-    decode_path(f"paraphraser + random LoRA r={LORA_SHAPE['r']} (M2's path)",
-                lambda: load_adapted_lm(para, str(adapter), cfg["device"], cfg["dtype"]),
-                note=f"rank {LORA_SHAPE['r']} on {', '.join(LORA_SHAPE['target_modules'])} (assumed: the spec gives no rank)")
+            m = get(); plain_generate(m.model, prompts(m), batch, pad_of(m.tokenizer), dev, new_tokens=new, top_p=0.95, temperature=1.0)
+        def steps(_):   # where a step's time goes: the project's loop (and generate's beside it, for the first path)
+            m = get(); ps = prompts(m)[:batch]
+            byt, fl = decode_step(name, len(ps), sum(map(len, ps)) / len(ps) + 8, scale=scale)
+            what = f"a decode step of {len(ps)} rows"
+            out = with_roofline(profile_steps(lambda n: sample_continuations(m, ps, list(range(len(ps))), n, n, temperature=1.0,
+                                                                            top_p=0.95, batch_size=batch, desc="profile",
+                                                                            decode_step=step), dev),
+                                hw, what, fl, byt, compute_s=fl / peak_flops(name, hw))
+            if profile:
+                out["plain"] = with_roofline(profile_steps(lambda n: plain_generate(m.model, ps, batch, pad_of(m.tokenizer), dev, new_tokens=n,
+                                                                                    top_p=0.95, temperature=1.0), dev),
+                                             hw, what + " in generate()", fl, byt, compute_s=fl / peak_flops(name, hw))
+            return out
+        measure_path(rows, dev, label, [name], run, warm(get, call), base if baseline else None,
+                     lambda out, dt: {**_decode_stats(name, scale, out[0], new, batch, out[1], dt, hw),
+                                      "decode_step": out[2]}, note,   # how the steps ran (a capture that failed says why)
+                     probe=steps)
 
-    items = [{"id": f"preflight-{i}", "text": " ".join(t.split()[:m3_words]) if m3_words else t, "dataset": "preflight"}
-             for i, t in enumerate(texts[:m3_items])]
-    measure_path(rows, dev, f"M3 guided selection ({m3_items} text, pools of {max(cfg['n_candidates'])})", [name],
-                 lambda: method_m3(items, cfg, fresh()), None, None,
-                 lambda out, dt: {"kind": "method", "items": len(items), "unit": "texts", "per_s": round(len(items) / dt, 3)},
-                 note="M1's pool, its similarities and every guide's scores, model loads included (no warm-up)")
-    if "proxihuman" in cfg["detectors"]:   # last: its fills are the T5 path's function (their rate is measured above), and
-        d = DETECTORS.get("proxihuman")    # a step cut at its budget should lose this path before the decode paths
+    def m3_path():
+        items = [{"id": f"preflight-{i}", "text": " ".join(t.split()[:m3_words]) if m3_words else t, "dataset": "preflight"}
+                 for i, t in enumerate(texts[:m3_items])]
+        measure_path(rows, dev, f"M3 guided selection ({m3_items} text, pools of {max(cfg['n_candidates'])})", [name],
+                     profiled(lambda: method_m3(items, cfg, fresh())), None, None,
+                     lambda out, dt: {"kind": "method", "items": len(items), "unit": "texts", "per_s": round(len(items) / dt, 3)},
+                     note="M1's pool, its similarities and every guide's scores, model loads included (no warm-up), timed under the profiler",
+                     probe=run_profile("its timed call, model loads included (FLOPs: the profiler's)"))
+
+    def lora_path():
+        adapter = random_lora_adapter(para, tmp / "lora")
+        decode_path(f"paraphraser + random LoRA r={LORA_SHAPE['r']} (M2's path, {max(new_tokens // 2, 4)} new tokens)",
+                    lambda: load_adapted_lm(para, str(adapter), cfg["device"], cfg["dtype"]), baseline=False, new=max(new_tokens // 2, 4),
+                    note=f"rank {LORA_SHAPE['r']} on {', '.join(LORA_SHAPE['target_modules'])} (assumed: the spec gives no rank); "
+                         "no baseline: the paraphraser's row has generate() beside the same loop")
+
+    def proxihuman_path():   # a path check, short: its fills are the T5 path's function (measured there), capped low here
+        d, small = DETECTORS.get("proxihuman"), {**cfg, "perturbation": {**cfg["perturbation"], "t5_max_length": 8}}
+        k = int(p.get("proxihuman_k") or 5)
         measure_path(rows, dev, "proxihuman (T5 fills + MPNet)", [_name_of(p.get("proxihuman_t5_model") or p["t5_model"]), _name_of(ph)],
-                     lambda: d.compute(ft, cfg, fresh()), lambda: (t5(), load_proxihuman_embedder(ph, cfg)), None,
-                     lambda out, dt: {"kind": "fill", "items": n_fill, "unit": "perturbations", "per_s": round(n_fill / dt, 2)})
+                     profiled(lambda: d.compute([" ".join(texts[-1].split()[:30])], small, fresh())),
+                     lambda: (t5(), load_proxihuman_embedder(ph, cfg), lm("scoring_model")), None,
+                     lambda out, dt: {"kind": "fill", "items": k, "unit": "perturbations", "per_s": round(k / dt, 2)},
+                     note="one 30-word text, each fill capped at 2 + 10 tokens a mask (t5_max_length 8, not 150): a check of "
+                          "the path and its split, the source scored by the scoring model; the fill rate is the T5 path's; "
+                          "timed under the profiler",
+                     probe=run_profile("its timed call (FLOPs: the profiler's)"))
+
+    paths = {
+        "log_likelihood": lambda: detector("log_likelihood", [cfg["scoring_model"]], lambda: lm("scoring_model"), plain_lms(["scoring_model"], W),
+                                           note="the likelihood panel (log-likelihood, log-rank, rank, entropy, LRR, Fast-DetectGPT) in one pass"),
+        "lastde_pp": lastde_pp,
+        "binoculars": lambda: detector("binoculars", [cfg["binoculars_observer"], cfg["binoculars_performer"]], both,
+                                       plain_lms(["binoculars_observer", "binoculars_performer"], DETECTORS.get("binoculars").window_of(cfg)), free=False),
+        "dna_detectllm": lambda: detector("dna_detectllm", [cfg["binoculars_observer"], cfg["binoculars_performer"]], both,
+                                          plain_lms(["binoculars_observer", "binoculars_performer"], DETECTORS.get("dna_detectllm").window_of(cfg)), free=False),
+        "t5_fills": t5_path,
+        "paraphraser": lambda: decode_path(f"paraphraser sampling ({n_prompts} prompts x {new_tokens} new tokens)", lambda: lm("paraphraser"), profile=True),
+        "roberta_openai": lambda: detector("roberta_openai", [cfg["classifier_model"]], clf(cfg["classifier_model"]), plain_classifier(cfg["classifier_model"]),
+                                           logits=False, max_len=512, note="the baseline loads its own copy (plain nn.Linear layers)"),
+        "radar": lambda: detector("radar", [cfg["classifiers"]["radar"]], clf(cfg["classifiers"]["radar"]), plain_classifier(cfg["classifiers"]["radar"]),
+                                  logits=False, max_len=512, note="the baseline loads its own copy (plain nn.Linear layers)"),
+        "e5": lambda: embed_path("similarity embedder (E5)", cfg["embedder"],
+                                 lambda: load_embedder(cfg["embedder"], device=cfg["device"], batch_tokens=cfg.get("embed_batch_tokens", "auto"),
+                                                       bucket_tokens=int(cfg.get("embed_bucket_tokens", 32))), 512),
+        "mpnet": lambda: embed_path("ProxiHuman embedder (MPNet)", ph, lambda: load_proxihuman_embedder(ph, cfg), 384, proxihuman_embed_dtype(cfg)),
+        "m3": m3_path, "lora": lora_path, "proxihuman": proxihuman_path,
+    }
+    plan = [(k, paths[k]) for k in PATH_ORDER if k not in ("radar", "proxihuman") or k in cfg["detectors"]]
+    partial["planned"] = [k for k, _ in plan]
+    for key, fn in plan:
+        n = len(rows)
+        try: fn()
+        finally:
+            for r in rows[n:]: r["key"] = key
     from stealth_eval.rehearsal import _free
     _free(dev)
     return partial
@@ -780,17 +968,19 @@ def preflight_prediction(cfg: dict) -> dict | None:
     return prediction_at_measured_rates(path) if named or path.is_file() else None
 
 # %% ../nbs/09_preflight.ipynb #297b3bc3
-BUDGETS = {   # seconds per step
-    "gpu": {"environment": 5, "build": 70, "paths": 115, "notebooks": 105, "prediction": 5},              # 5 minutes
-    "cpu": {"environment": 30, "build": 600, "paths": 900, "notebooks": 3600, "prediction": 30},
-    "cpu-short": {"environment": 20, "build": 300, "paths": 240, "notebooks": 420, "prediction": 20},
+BUDGETS = {   # seconds per step, and the call's whole ('total', None: none); see "One call" above for the GPU's figures
+    "gpu": {"environment": 10, "build": 90, "notebooks": 300, "paths": 200, "prediction": 10, "total": 480},
+    "cpu": {"environment": 30, "build": 600, "notebooks": 3600, "paths": 900, "prediction": 30, "total": None},
+    "cpu-short": {"environment": 20, "build": 300, "notebooks": 420, "paths": 240, "prediction": 20, "total": None},
 }
+RESERVE = {"notebooks": 60, "paths": 60, "prediction": 5}   # what a step leaves of the call's total to each later step that runs
+MIN_STEP_S = 1.0    # a step left less than this of the total is cut before it starts
 SIZES = {   # texts through each path, decode prompts, new tokens a prompt, M3's texts
-    "gpu": {"texts": 32, "prompts": 32, "new_tokens": 128, "m3_items": 1, "m3_words": 200},   # M3: its pool decodes to the cap
+    "gpu": {"texts": 16, "prompts": 32, "new_tokens": 64, "m3_items": 1, "m3_words": 40},   # M3: its pool decodes to the cap
     "cpu": {"texts": 4, "prompts": 4, "new_tokens": 16, "m3_items": 1, "m3_words": None},
-    "cpu-short": {"texts": 1, "prompts": 1, "new_tokens": 8, "m3_items": 1, "m3_words": 80},   # M3 on the text's first 80 words
+    "cpu-short": {"texts": 1, "prompts": 1, "new_tokens": 8, "m3_items": 1, "m3_words": 40},   # M3 on the text's first 40 words
 }
-STEPS = ("environment", "build", "paths", "notebooks", "prediction")
+STEPS = ("environment", "build", "notebooks", "paths", "prediction")   # the stage notebooks before the rates: a defect first
 SKIPPABLE = ("paths", "notebooks", "prediction")   # the environment and the build are what every other step stands on
 PATHS_RUN = {   # the paths step: the paper's settings but for the perturbations a text (4, not 100), the pools (of 2) and
     # one draw a fill: a random T5 often emits too few sentinels, and each redraw round is whole batches again (on the
@@ -810,9 +1000,11 @@ SHORT_NOTEBOOK_RUN = {   # and texts of 60-160 tokens, one candidate: M1 and M2 
 }
 
 def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = "auto", short: bool = False,
-              budgets: dict | None = None,
+              budgets: dict | None = None,   # {step: seconds, 'total': seconds} over BUDGETS[kind]
               skip=()) -> dict:   # steps not to run (of SKIPPABLE): a device call too short for all of them runs them in two
-    "Run the five steps on `device` (less `skip`); write preflight.json and preflight.md after each; return the report."
+    """Run the five steps on `device` (less `skip`); write preflight.json and preflight.md after each; return the report.
+    A step runs under its budget, and under what is left of the call's total less what it leaves each later step that
+    runs (RESERVE): the call ends within the total whatever a step takes (a step with nothing left is cut before it starts)."""
     import datetime
     from stealth_eval.models import resolve_device
     from stealth_eval.rehearsal import _free, rehearsal_scale
@@ -823,7 +1015,8 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
     kind = "gpu" if cuda else "cpu-short" if short else "cpu"
     scale = rehearsal_scale(scale, dev)
     B = {**BUDGETS[kind], **(budgets or {})}
-    if set(B) - set(STEPS): raise StealthEvalError(f"preflight: unknown step(s) {sorted(set(B) - set(STEPS))}; steps: {', '.join(STEPS)}")
+    if set(B) - set(STEPS) - {"total"}:
+        raise StealthEvalError(f"preflight: unknown step(s) {sorted(set(B) - set(STEPS) - {'total'})}; steps: {', '.join(STEPS)} (and total)")
     if set(skip) - set(SKIPPABLE):
         raise StealthEvalError(f"preflight: only {', '.join(SKIPPABLE)} can be skipped, not {sorted(set(skip) - set(SKIPPABLE))}")
     skip = sorted(set(skip) | ({"prediction"} if "paths" in skip else set()), key=STEPS.index)   # the prediction reads the paths
@@ -835,23 +1028,35 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
         rep["seconds"] = round(time.perf_counter() - t0, 1)
         write_json(out / "preflight.json", rep)
         atomic_write_text(out / "preflight.md", preflight_report(rep))
+    def budget(name):   # (seconds, why it is less than the step's own)
+        if not B.get("total"): return B[name], ""
+        left = B["total"] - (time.perf_counter() - t0) - sum(RESERVE.get(s, 0) for s in STEPS[STEPS.index(name) + 1:] if s not in skip)
+        return (B[name], "") if left >= B[name] else (max(left, 0.0), f"what the call's total of {B['total']:.0f} s leaves it")
     def step(name, fn, *a):
-        rep["steps"][name] = ({"step": name, "status": "skipped", "seconds": 0.0, "budget_s": B[name], "error": "skipped: not asked for"}
-                              if name in skip else run_step(name, B[name], fn, *a))
+        b, why = budget(name)
+        if name in skip:
+            rec = {"step": name, "status": "skipped", "seconds": 0.0, "budget_s": B[name], "error": "skipped: not asked for"}
+        elif b < MIN_STEP_S:
+            rec = {"step": name, "status": "cut", "seconds": 0.0, "budget_s": round(b, 1), "result": {},
+                   "error": f"cut: the call's total of {B['total']:.0f} s was spent before it began"}
+        else:
+            rec = run_step(name, b, fn, *a)
+        if why and name not in skip: rec["budget_note"] = f"{rec['budget_s']} s of its {B[name]:.0f}: {why}"
+        rep["steps"][name] = rec
         save()
-        return rep["steps"][name]
+        return rec
     env = step("environment", lambda p: {**measure_device(dev), "versions": versions()})
     hw = device_hw(env["result"]) if env["status"] == "ok" else None
     rep["hw"] = hw
     step("build", build_models, scale)
-    if hw:
-        texts = preflight_texts(Z["texts"])
-        ov = {**PATHS_RUN, **(SHORT_RUN if kind == "cpu-short" else {})}
-        step("paths", lambda p: measure_paths(p, preflight_config(dev, scale, ov), texts, hw, Z["prompts"], Z["new_tokens"], Z["m3_items"], Z["m3_words"]))
-        _free(dev)   # a cut step leaves its models loaded: the notebooks' run needs the device's memory
+    _free(dev)   # the stand-ins built on the device: the notebooks' run needs its memory
     nb_scale = "reduced" if short and not cuda else scale
     step("notebooks", run_notebooks, out, dev, nb_scale, kind == "cpu-short")
     if hw:
+        ov = {**PATHS_RUN, **(SHORT_RUN if kind == "cpu-short" else {})}
+        step("paths", lambda p: measure_paths(p, preflight_config(dev, scale, ov), preflight_texts(Z["texts"]), hw, Z["prompts"],
+                                              Z["new_tokens"], Z["m3_items"], Z["m3_words"]))   # the texts read within its budget
+        _free(dev)   # a cut step leaves its models loaded
         step("prediction", lambda p: predict_paper(measured_rates(rep["steps"]["paths"]["result"].get("paths", []), hw, scale), hw))
     rep["skipped"] = list(skip)
     rep["ok"] = all(s["status"] in ("ok", "skipped") for s in rep["steps"].values()) and len(rep["steps"]) == len(STEPS)
@@ -876,8 +1081,11 @@ def preflight_report(rep: dict) -> str:
          f"{'short, ' if rep.get('short') else ''}{rep.get('seconds', 0):.0f} s of wall time in all, started {rep['started']}. "
          "Random weights: every time and memory figure carries over to the real models; no score does.", "",
          "## Steps", "", "| step | status | seconds | budget (s) | note |", "|---|---|---|---|---|"]
-    L += [f"| {k} | {v['status']} | {v['seconds']} | {v['budget_s']} | {(v.get('error') or '').splitlines()[0][:160] if v.get('error') else ''} |"
-          for k, v in st.items()]
+    note = lambda v: "; ".join(x for x in ((v.get("error") or "").splitlines()[:1] + [v.get("budget_note") or ""]) if x)[:200]
+    L += [f"| {k} | {v['status']} | {v['seconds']} | {v['budget_s']} | {note(v)} |" for k, v in st.items()]
+    if rep.get("budgets", {}).get("total"):
+        L += ["", f"One call: every step within a total of {rep['budgets']['total']:.0f} s (a step gets its own budget or what the "
+                  "total leaves it after reserving the later steps' minimum, whichever is less)."]
     L += ["", "## Environment", ""]
     if env:
         vs = env.get("versions", {})
@@ -890,31 +1098,6 @@ def preflight_report(rep: dict) -> str:
     models = res("build").get("models", [])
     L += ["", "## Stand-ins", "", "| model | stands for | parameters (M) | GB on disk | seconds | |", "|---|---|---|---|---|---|"]
     L += [f"| {m['model']} | {m['stands_for']} | {m['params_m']:,} | {m['gb_on_disk']} | {m['seconds']} | {m['how']} |" for m in models]
-    paths = res("paths").get("paths", [])
-    L += ["", "## Model paths", "",
-          "Each path through the project's own function after a warm-up; the plain baseline is the same work as plain "
-          "batched PyTorch (ratio = project / plain: above 1, what the project's guarantees cost).", "",
-          "| path | models | status | work | per second | TFLOP/s | % of peak | % of roofline | rows real (%) | GB/s | % of bandwidth | peak GB | seconds | plain s | ratio |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in paths:
-        L.append(f"| {r['path']} | {', '.join(m or '?' for m in r['models'])} | {r.get('status')} | {_f(r.get('items'))} {r.get('unit', '')} | "
-                 f"{_f(r.get('per_s'), 1)} | {_f(r.get('tflops'), 2)} | {_f(r.get('pct_peak'), 1)}{' (' + r['peak_of'] + ')' if r.get('peak_of') else ''} | {_f(r.get('pct_roofline'), 1)} | {_f(r.get('fill_pct'), 0)} | "
-                 f"{_f(r.get('gb_s'), 0)} | {_f(r.get('pct_bw'), 1)} | {_f(r.get('peak_gb'))} | {_f(r.get('seconds'), 2)} | "
-                 f"{_f(r.get('baseline_s'), 2)} | {_f(r.get('ratio'))} |")
-    notes = [f"- {r['path']}: {r['note']}" for r in paths if r.get("note")]
-    notes += [f"- {r['path']}: its encoder passes took {r['encoder_s']} s timed alone, {r['pct_roofline_encoder']}% of their roofline; "
-              f"its decoder steps, the rest of the time, {r['pct_roofline_decoder']}% of theirs" for r in paths if r.get("encoder_s")]
-    if notes: L += [""] + notes
-    top = lambda ops: "; ".join(f"{o['op']} {o['ms']} ms x{o['calls']}" for o in ops) or "–"
-    for r in paths:
-        pf = r.get("profile")
-        if not pf: continue
-        L += ["", f"A decode step of {r['path']}, from torch's profiler (per step: a longer run less a shorter one):", ""]
-        if pf.get("error"): L += [f"not measured: {pf['error']}"]; continue
-        L += ["| loop | host ms in operators | device ms in kernels | kernel launches | most host time | most device time |",
-              "|---|---|---|---|---|---|"]
-        L += [f"| {k} | {_f(v['host_op_ms'])} | {_f(v['device_ms'])} | {_f(v['launches'])} | {top(v['top_host'])} | {top(v['top_device'])} |"
-              for k, v in pf.items()]
     nb = res("notebooks")
     L += ["", "## Stage notebooks", ""]
     if nb:
@@ -923,6 +1106,43 @@ def preflight_report(rep: dict) -> str:
               "| stage | status | seconds | peak GPU memory in use (GB) | peak RSS (GB) |", "|---|---|---|---|---|"]
         L += [f"| {k} | {v['status']} | {v['seconds']} | {_f(v.get('peak_gpu_used_gb'))} | {_f(v.get('peak_rss_gb'))} |"
               for k, v in (nb.get("stages") or {}).items()]
+    paths = res("paths").get("paths", [])
+    L += ["", "## Model paths", "",
+          "Each path through the project's own function after a warm-up; the plain baseline is the same work as plain "
+          "batched PyTorch (ratio = project / plain: above 1, what the project's guarantees cost).", "",
+          "| path | models | status | work | per second | TFLOP/s | % of peak | % of roofline | rows real (%) | GB/s | % of bandwidth | peak GB | seconds | plain s | ratio | bound |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in paths:
+        L.append(f"| {r['path']} | {', '.join(m or '?' for m in r['models'])} | {r.get('status')} | {_f(r.get('items'))} {r.get('unit', '')} | "
+                 f"{_f(r.get('per_s'), 1)} | {_f(r.get('tflops'), 2)} | {_f(r.get('pct_peak'), 1)}{' (' + r['peak_of'] + ')' if r.get('peak_of') else ''} | {_f(r.get('pct_roofline'), 1)} | {_f(r.get('fill_pct'), 0)} | "
+                 f"{_f(r.get('gb_s'), 0)} | {_f(r.get('pct_bw'), 1)} | {_f(r.get('peak_gb'))} | {_f(r.get('seconds'), 2)} | "
+                 f"{_f(r.get('baseline_s'), 2)} | {_f(r.get('ratio'))} | {r.get('bound') or '–'} |")
+    planned, reached = res("paths").get("planned") or [], {r.get("key") for r in paths}
+    if [k for k in planned if k not in reached]:
+        L += ["", f"Not reached (the step was {st.get('paths', {}).get('status', '?')}): {', '.join(k for k in planned if k not in reached)}."]
+    notes = [f"- {r['path']}: {r['note']}" for r in paths if r.get("note")]
+    notes += [f"- {r['path']}: its encoder passes took {r['encoder_s']} s timed alone, {r['pct_roofline_encoder']}% of their roofline; "
+              f"its decoder steps, the rest of the time, {r['pct_roofline_decoder']}% of theirs" for r in paths if r.get("encoder_s")]
+    if notes: L += [""] + notes
+    top = lambda ops, i: "; ".join(f"{o['op']} {o[i]} ms x{o['calls']}" for o in ops) or "–"
+    profs = [(r["path"], r["profile"]) for r in paths if r.get("profile")]
+    profs += [(r["path"] + ": generate()", r["profile"]["plain"]) for r in paths if (r.get("profile") or {}).get("plain")]
+    if profs:
+        L += ["", "### Where each path's time goes", "",
+              "A few calls of each path once more under torch's profiler (per call, or per step: a longer run less a shorter "
+              "one), beside their roofline: FLOPs at the peak, bytes at the bandwidth (the cost model's). The verdict: "
+              "launch-bound when the device is busy less than half the time or its launches at 5 µs each would fill half; "
+              "else compute- or bandwidth-bound, whichever roofline time is longer, at the share reached.", "",
+              "| path | profiled | wall ms | host ms in operators | device ms in kernels | launches | GFLOP | GB | roofline ms (FLOPs / bytes) | bound | verdict |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for k, v in profs:
+            if v.get("error"): L += [f"| {k} | not profiled: {v['error'][:160]} | | | | | | | | | |"]; continue
+            L += [f"| {k} | {v.get('what', '')} | {_f(v.get('wall_ms'), 3)} | {_f(v.get('host_op_ms'), 3)} | {_f(v.get('device_ms'), 3)} | "
+                  f"{_f(v.get('launches'), 0)} | {_f(v['flops'] / 1e9 if v.get('flops') else None, 2)} | {_f(v['bytes'] / 1e9 if v.get('bytes') else None, 3)} | "
+                  f"{_f(v.get('compute_ms'), 3)} / {_f(v.get('memory_ms'), 3)} | {v.get('bound') or '–'} | {v.get('verdict', '')} |"]
+        L += ["", "The operators that take most of each (ms per call or step, and calls):", ""]
+        L += [f"- {k}: host: {top(v.get('top_host', []), 'host_ms')}" + (f"; device: {top(v['top_device'], 'device_ms')}" if v.get("top_device") else "")
+              for k, v in profs if not v.get("error")]
     pr = res("prediction")
     L += ["", "## Prediction: the paper run, from the rates measured here", ""]
     if pr.get("stages"):

@@ -74,6 +74,7 @@ def test_preflight_short_runs_every_step_on_the_cpu(short_preflight):
     assert p.returncode == 0, md
     assert stray == [], stray          # M3's path once logged its generations to the project's artifacts/generations.jsonl
     assert rep["ok"] and [s["status"] for s in rep["steps"].values()] == ["ok"] * 5, rep["steps"]
+    assert list(rep["steps"]) == ["environment", "build", "notebooks", "paths", "prediction"]   # the notebooks before the rates
     assert all(s in md for s in SECTIONS) and md.startswith("# Preflight: every step passed")
     assert rep["scale"] == "layers" and all(m["scale"] == "layers" for m in rep["steps"]["build"]["result"]["models"])
     paths = rep["steps"]["paths"]["result"]["paths"]
@@ -82,19 +83,29 @@ def test_preflight_short_runs_every_step_on_the_cpu(short_preflight):
     for what in ("log_likelihood", "binoculars", "dna_detectllm", "lastde_pp", "roberta_openai", "radar", "E5", "MPNet",
                  "T5 span fills", "proxihuman", "paraphraser sampling", "random LoRA", "M3 guided"):
         assert what in names, what
+    from stealth_eval.preflight import BOUNDS, PATH_ORDER
+    res = rep["steps"]["paths"]["result"]
+    assert res["planned"] == list(PATH_ORDER) and [r["key"] for r in paths] == res["planned"]   # every path, in order
+    # every path profiled: its top operators, the host's time, its roofline and a verdict of the three classes
+    for r in paths:
+        pf = r["profile"]
+        assert "error" not in pf and r["bound"] in BOUNDS and r["verdict"] == pf["verdict"], (r["path"], pf)
+        assert pf["wall_ms"] > 0 and pf["host_op_ms"] > 0 and pf["launches"] > 0 and pf["top_host"] and pf["compute_ms"] > 0, (r["path"], pf)
+        assert pf["per"] == ("step" if r["key"] in ("t5_fills", "paraphraser", "lora") else "call"), (r["path"], pf["per"])
+        assert ((pf["bytes"] or 0) > 0) == (r["key"] not in ("m3", "proxihuman")), (r["path"], pf["bytes"])   # composites: no bytes known
+    assert "### Where each path's time goes" in md and md.count("-bound: ") >= len(paths)
     prefill = [r for r in paths if r.get("kind") == "prefill"]
     assert prefill and all(r["tflops"] > 0 and r["per_s"] > 0 and r["ratio"] > 0 and 0 < r["fill_pct"] <= 100 for r in prefill)
     assert all(r["gb_s"] > 0 for r in paths if r.get("kind") == "decode")
-    prof = next(r for r in paths if r.get("profile"))["profile"]   # a decode step's operators, the project's loop and generate's
-    assert set(prof) == {"project", "plain"} and all(v["host_op_ms"] > 0 and v["top_host"] for v in prof.values()), prof
-    assert "A decode step of paraphraser sampling" in md
+    prof = next(r for r in paths if r["key"] == "paraphraser")["profile"]   # a decode step's operators: the loop's and generate()'s
+    assert prof["plain"]["host_op_ms"] > 0 and prof["plain"]["top_host"] and prof["plain"]["bound"] in BOUNDS, prof
+    assert "paraphraser sampling (1 prompts x 8 new tokens): generate()" in md
     dec = next(r for r in paths if r["path"].startswith("paraphraser sampling"))   # the GPU's captured step, run as is here
     assert set(dec["decode_step"]) == {"causal"} and set(dec["decode_step"]["causal"]) == {"static"}, dec["decode_step"]
     fill = next(r for r in paths if r["path"].startswith("T5 span fills"))   # its generate calls recorded, filler rows included
     assert fill["batches"] and fill["executed_rows"] >= fill["items"] > 0 and fill["pct_roofline"] > 0, fill
     assert 0 < fill["encoder_s"] < fill["seconds"] and fill["encoder_share"] > 0 and fill["decoder_share"] > 0, fill
-    sweep = next(r for r in paths if r.get("kind") == "sweep")   # a decoder step at the run's rows and at four times as many
-    assert [o["rows"] for o in sweep["sweep"]] == [1, 4] and all(o["step_ms"] > 0 and o["calls"] for o in sweep["sweep"]), sweep
+    assert fill["step_ms"] > 0 and fill["profile"]["what"].startswith("a decoder step of one fill batch (4 rows"), fill
     nb = rep["steps"]["notebooks"]["result"]
     assert nb["device_image_only"]   # the run and its kernels saw only the device image and WHEELS (09_preflight's example)
     assert nb["returncode"] == 0 and set(nb["stages"]) >= {"00_data", "10_methods", "20_detectors", "30_calibration_metrics", "40_figures"}
@@ -122,9 +133,9 @@ def test_preflight_runs_in_two_calls_when_asked(tmp_path, monkeypatch):
     rep = P.preflight(tmp_path / "a", "cpu", short=True, skip=("paths", "notebooks"))   # the prediction goes with the paths
     ran = {k: v["status"] for k, v in rep["steps"].items()}
     assert ran == {"environment": "ok", "build": "ok", "paths": "skipped", "notebooks": "skipped", "prediction": "skipped"}, ran
-    assert rep["ok"] and rep["skipped"] == ["paths", "notebooks", "prediction"]
+    assert rep["ok"] and rep["skipped"] == ["notebooks", "paths", "prediction"]
     assert (tmp_path / "a" / "preflight.md").read_text().startswith(
-        "# Preflight: every step passed (paths, notebooks, prediction not run: --skip)")
+        "# Preflight: every step passed (notebooks, paths, prediction not run: --skip)")
     with pytest.raises(P.StealthEvalError, match="only paths, notebooks, prediction can be skipped"):
         P.preflight(tmp_path, "cpu", skip=("build",))
     p = run_cli("preflight", "--short", "--out_dir", tmp_path, "--skip", "warmup", check=False)
@@ -133,3 +144,49 @@ def test_preflight_runs_in_two_calls_when_asked(tmp_path, monkeypatch):
            "steps": {s: {"status": "skipped" if s in ("paths", "prediction") else "ok", "seconds": 0.0, "budget_s": 1.0}
                      for s in P.STEPS}}
     assert P.preflight_report(rep).startswith("# Preflight: every step passed (paths, prediction not run: --skip)")
+
+
+def test_preflight_keeps_to_its_total_in_one_call(tmp_path, monkeypatch):
+    """A step gets its own budget or what the call's total leaves it after the later steps' reserve, whichever is less:
+    the notebooks may use what the paths do not need; a step with nothing left is cut before it starts and says so; a
+    cut paths step still reports what it ran and names the paths it did not reach. The steps are stubs (seven seconds)."""
+    import time
+    import stealth_eval.preflight as P
+    monkeypatch.setattr(P, "measure_device", lambda dev: {"device": "cpu", "name": "stub", "measured_bf16_tflops": 1.0,
+                                                          "measured_fp32_tflops": 1.0, "measured_copy_gb_s": 10.0, "datasheet": None})
+    monkeypatch.setattr(P, "versions", lambda: {})
+    monkeypatch.setattr(P, "preflight_texts", lambda n: [])
+    monkeypatch.setattr(P, "preflight_config", lambda *a, **k: {})
+    monkeypatch.setattr(P, "build_models", lambda partial, scale: {"models": []})
+    monkeypatch.setattr("stealth_eval.rehearsal._free", lambda device: None)
+    monkeypatch.setattr(P, "predict_paper", lambda rates, hw: {"stages": {}})
+    monkeypatch.setattr(P, "RESERVE", {"notebooks": 0.5, "paths": 0.5, "prediction": 0.5})
+    monkeypatch.setattr(P, "MIN_STEP_S", 0.05)
+    def forever(partial, *a):
+        partial["ran"] = True
+        while True: time.sleep(0.01)
+    def some_paths(partial, *a):
+        partial.update(planned=["log_likelihood", "t5_fills"], paths=[{"path": "log_likelihood (likelihood)", "key": "log_likelihood",
+                                                                       "models": ["falcon-7b"], "status": "ok"}])
+        forever(partial)
+    monkeypatch.setattr(P, "run_notebooks", lambda partial, *a: partial.update(stages={"00_data": {"status": "ok", "seconds": 0.1}}) or partial)
+    monkeypatch.setattr(P, "measure_paths", some_paths)
+    t0 = time.perf_counter()
+    rep = P.preflight(tmp_path / "a", "cpu", budgets={"total": 3.0, "paths": 100})
+    took = time.perf_counter() - t0
+    st = rep["steps"]
+    assert [st[k]["status"] for k in P.STEPS] == ["ok", "ok", "ok", "cut", "ok"] and took < 3.6, (st, took)
+    assert st["paths"]["budget_s"] < 2.6 and "of its 100: what the call's total of 3 s leaves it" in st["paths"]["budget_note"]
+    md = (tmp_path / "a" / "preflight.md").read_text()
+    assert "Not reached (the step was cut): t5_fills." in md and "One call: every step within a total of 3 s" in md
+    # the notebooks' step is cut at its share and takes 1.5 s more to end (as a killed child run does): the later steps
+    # have nothing left, and are cut before they begin
+    def slow_to_end(partial, *a):
+        try: forever(partial)
+        finally: time.sleep(1.5)
+    monkeypatch.setattr(P, "run_notebooks", slow_to_end)
+    rep = P.preflight(tmp_path / "b", "cpu", budgets={"total": 3.0})
+    st = rep["steps"]
+    assert st["notebooks"]["status"] == "cut" and st["notebooks"]["result"] == {"ran": True} and st["notebooks"]["budget_s"] < 2.1
+    assert st["paths"]["status"] == "cut" and st["paths"]["seconds"] == 0.0 and "was spent before it began" in st["paths"]["error"]
+    assert not rep["ok"] and (tmp_path / "b" / "preflight.md").read_text().startswith("# Preflight: NOT PASSED: notebooks cut, paths cut")
