@@ -26,11 +26,11 @@ __all__ = ['EMBEDDED_LMS', 'LOADS', 'ENCODE_VERSION', 'E5_CONVENTION', 'SAMPLER_
            'hub_identity', 'lm_identity', 'load_causal_lm', 'load_seq2seq', 'use_gqa_sdpa', 'model_source',
            'load_tokenizer', 'model_max_tokens', 'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches',
            'default_token_budget', 'scoring_budget', 'pad_batch', 'rows_alone', 'Embedder', 'encoder_max_tokens',
-           'EmbedConvention', 'embedder_source', 'embedder_convention', 'embedder_identity', 'load_embedder',
-           'similarities', 'row_seed', 'counter_uniform', 'seeded_sample', 'SeededSampler', 'kv_cache_arg',
-           'kv_cache_of', 'decode_runs_since', 'decode_step_mode', 'static_cache_length', 'static_rows', 'StepRunner',
-           'kv_bytes_per_token', 'decode_rows', 'iter_continuations', 'sample_continuations', 'iter_seq2seq_sample',
-           'chat_prompt_ids', 'chat_generate']
+           'embed_budget', 'EmbedConvention', 'embedder_source', 'embedder_convention', 'embedder_identity',
+           'load_embedder', 'similarities', 'row_seed', 'counter_uniform', 'seeded_sample', 'SeededSampler',
+           'kv_cache_arg', 'kv_cache_of', 'decode_runs_since', 'decode_step_mode', 'static_cache_length', 'static_rows',
+           'StepRunner', 'kv_bytes_per_token', 'decode_rows', 'iter_continuations', 'sample_continuations',
+           'iter_seq2seq_sample', 'chat_prompt_ids', 'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
 def _package_dir(pkg: str) -> Path:
@@ -512,7 +512,7 @@ def _mean_pool_encoder(model, tok, device, prefix: str = "", max_length: int = 5
         return out
     return encode
 
-def _embed_budget(device: str, setting="auto") -> int:
+def embed_budget(device: str, setting="auto") -> int:
     "Tokens per embedding pass: the run's `embed_batch_tokens` (a device setting: 0, one unpadded text, on the CPU)."
     return int(device_setting("embed_batch_tokens", setting, device))
 
@@ -630,7 +630,7 @@ def load_embedder(spec: str = "all-minilm-l6-v2", device: str = "auto", batch_to
                   dtype: str = "float32") -> Embedder:   # the weights' dtype (ProxiHuman's `perturbation.proxihuman_embed_dtype`)
     "A sentence embedder (alias, local folder or hub id), read by the convention its files declare (once per process)."
     device = resolve_device(device)
-    return _load_embedder(spec, device, _embed_budget(device, batch_tokens), int(bucket_tokens), str(dtype))
+    return _load_embedder(spec, device, embed_budget(device, batch_tokens), int(bucket_tokens), str(dtype))
 
 @lru_cache(maxsize=4)
 def _load_embedder(spec: str, device: str, budget: int, granule: int, dtype: str = "float32") -> Embedder:

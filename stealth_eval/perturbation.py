@@ -23,9 +23,9 @@ __all__ = ['PERTURB_VERSION', 'PERTURBATION_DEFAULTS', 'MASK', 'T5_KNOB_DEFAULTS
            'PROXIHUMAN', 'DETECTGPT_LMINFILL', 'DETECTGPT_D_LMINFILL', 'NPR_LMINFILL', 'PROXIHUMAN_LMINFILL',
            'perturbation_params', 'perturbation_scorer', 'mask_spans', 'apply_fills', 'masked_words', 't5_masked_text',
            'extract_t5_fills', 'load_t5', 't5_fill_length', 'iter_t5_fill', 't5_fill', 'iter_lm_infill', 'lm_infill',
-           'masking', 'filler_identity', 'perturb_dtype', 't5_knobs', 'perturb_texts', 'perturbation_scores',
-           'proxihuman_distance', 'proxihuman_embedder', 'proxihuman_embed_dtype', 'load_proxihuman_embedder',
-           'proxihuman_scores', 'PerturbationDetector', 'make_tiny_t5']
+           'masking', 'filler_identity', 'fit_words', 'perturb_dtype', 't5_knobs', 'perturb_texts',
+           'perturbation_scores', 'proxihuman_distance', 'proxihuman_embedder', 'proxihuman_embed_dtype',
+           'load_proxihuman_embedder', 'proxihuman_scores', 'PerturbationDetector', 'make_tiny_t5']
 
 # %% ../nbs/21_perturbation.ipynb #790ffa7a
 PERTURB_VERSION = "perturb-v5"   # bump whenever masking or filling changes: part of every perturbation cache key
@@ -315,7 +315,7 @@ def filler_identity(mode: str, cfg: dict, stat: str = "") -> str:
     return f"{q.name}@local:{local_identity(q)}" if q.is_dir() else hub_identity(spec)
 
 # %% ../nbs/21_perturbation.ipynb #a5203f1e
-def _fit_words(text: str, tok, max_tokens: int) -> tuple:
+def fit_words(text: str, tok, max_tokens: int) -> tuple:
     "The longest prefix of whole words (split on ' ') with at most `max_tokens` tokens, and whether it was cut."
     if len(tok(text).input_ids) <= max_tokens: return text, False
     words = text.split(" ")
@@ -367,7 +367,7 @@ def perturb_texts(texts: list, mode: str, cfg: dict, cache: Cache,
             fill = lambda jobs, seeds: iter_lm_infill(
                 filler, jobs, seeds, int(m["span_length"]), p["mask_top_p"], int(p["fill_max_tokens"]), int(p["batch_size"]),
                 desc=f"perturbing ({p['infill_model']} infill)", proposals=int(p["infill_proposals"]), lookahead=int(p["infill_lookahead"]))
-        src = {h: _fit_words(uniq[h], tok, window) for h in sorted({h for h, _ in todo})}
+        src = {h: fit_words(uniq[h], tok, window) for h in sorted({h for h, _ in todo})}
         n_words = {h: len(s.split(" ")) for h, (s, _) in src.items()}
         pos = {hi: k for k, hi in enumerate(todo)}
         pending = {hi: 0 for hi in todo}   # -> attempt number

@@ -244,7 +244,7 @@ def decode_bytes(name: str, scale: str, rows: int, prompt_len: float, new_tokens
 
 # %% ../nbs/09_preflight.ipynb #4ac004e7
 def _peak_gb(device: str) -> float:
-    from stealth_eval.rehearsal import _peak_gb as pk
+    from stealth_eval.rehearsal import peak_gb as pk
     return round(pk(device), 2)
 
 def _timed(fn, device: str) -> tuple:
@@ -428,13 +428,13 @@ def measure_path(rows: list, device: str, path: str, models: list, run, warm=Non
                  probe=None):         # probe(run's value) -> the path's profile (`with_roofline`): a few calls, profiled
     """One path: free the last path's models, warm up (load + first kernels), time `run`, then the plain `baseline`,
     then the `probe`: its profile and verdict (`bound`, `verdict`) in the row."""
-    from stealth_eval.rehearsal import _free, _peak_reset
+    from stealth_eval.rehearsal import free_models, peak_reset
     row = {"path": path, "models": models, "note": note}
     rows.append(row)
     try:
-        if free: _free(device)
+        if free: free_models(device)
         if warm: warm()
-        _peak_reset(device)
+        peak_reset(device)
         out, dt = _timed(run, device)
         row.update(seconds=round(dt, 3), peak_gb=_peak_gb(device), **(stats(out, dt) if stats else {}))
         if baseline:
@@ -617,9 +617,9 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
     from stealth_eval.models import DECODE_RUNS, decode_runs_since
     from collections import Counter
     from stealth_eval.paraphrase import load_adapted_lm, method_m3
-    from stealth_eval.perturbation import (MASK, _fit_words, load_proxihuman_embedder, load_t5, proxihuman_embed_dtype, mask_spans, perturb_texts,
+    from stealth_eval.perturbation import (MASK, fit_words, load_proxihuman_embedder, load_t5, proxihuman_embed_dtype, mask_spans, perturb_texts,
                                            perturbation_params, t5_fill, t5_fill_length, t5_knobs, t5_masked_text)
-    from stealth_eval.rehearsal import LOGIT_PASS_BYTES, _name_of, decode_step, model_config, peak_flops
+    from stealth_eval.rehearsal import LOGIT_PASS_BYTES, real_name, decode_step, model_config, peak_flops
     from stealth_eval.supervised import load_sequence_classifier
     dev, scale = resolve_device(cfg["device"]), cfg["rehearsal"]["scale"]
     cuda = dev.startswith("cuda")
@@ -654,7 +654,7 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
     sb, sg = scoring_budget(cfg, dev)
     def detector(name, models, load, base=None, logits=True, note="", max_len=None, free=True, extra_bytes=None):
         d = DETECTORS.get(name)
-        names = [_name_of(m) for m in models]
+        names = [real_name(m) for m in models]
         plan = lambda: (sb, sg, max_len or min(load_causal_lm(m, **lm_kwargs(cfg)).max_length for m in models))   # loaded by then
         work = lambda st, _: prefill_roofline(names, scale, lengths(st), hw, logits, plan=plan(),
                                               extra_bytes=extra_bytes(lengths(st)) if extra_bytes else 0.0)
@@ -674,7 +674,7 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
     both = lambda: (lm("binoculars_observer"), lm("binoculars_performer"))
     n_s = int((cfg.get("lastde") or {}).get("n_samples") or 100)
     def lastde_pp():
-        V = model_config(_name_of(cfg["scoring_model"])).vocab_size   # each position's full distribution, read to draw its samples
+        V = model_config(real_name(cfg["scoring_model"])).vocab_size   # each position's full distribution, read to draw its samples
         detector("lastde_pp", [cfg["scoring_model"]], lambda: lm("scoring_model"), plain_lms(["scoring_model"], DETECTORS.get("lastde_pp").window_of(cfg) or W, n_s), free=False,
                  note=f"one pass and {n_s} samples per position; the baseline draws them with torch.multinomial",
                  extra_bytes=lambda ls: sum(ls) * (LOGIT_PASS_BYTES * V + n_s * math.ceil(math.log2(V)) * 8))
@@ -688,7 +688,7 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
     clf = lambda spec: lambda: load_sequence_classifier(spec, cfg["device"], cfg["trust_remote_code"])
 
     def embed_path(label, spec, load, max_length, dtype=None):   # dtype: what `load` loads in where the run sets it
-        name = _name_of(spec)
+        name = real_name(spec)
         tok = AutoTokenizer.from_pretrained(spec)
         lens = [len(s) for s in tok(texts, truncation=True, max_length=max_length).input_ids]
         plan = lambda: (eb, int(cfg.get("embed_bucket_tokens", 32)), max_length)
@@ -701,17 +701,17 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
                                       lambda out, _: prefill_roofline([name], scale, [len(tok(short[0], truncation=True, max_length=max_length).input_ids)],
                                                                       hw, False, plan=plan(), dtype=dtype),
                                       "one call: a 60-word text, its padded batch"))
-    from stealth_eval.models import _embed_budget
-    eb = _embed_budget(dev, cfg.get("embed_batch_tokens", "auto"))
+    from stealth_eval.models import embed_budget
+    eb = embed_budget(dev, cfg.get("embed_batch_tokens", "auto"))
     ph = (cfg.get("perturbation") or {}).get("proxihuman_embedder") or cfg["embedder"]
 
     p, kn = perturbation_params(cfg), t5_knobs(perturbation_params(cfg), cfg)
     t5 = lambda: load_t5(p["t5_model"], cfg["device"], kn["t5_dtype"])
-    t5_name = _name_of(p["t5_model"])
+    t5_name = real_name(p["t5_model"])
     # T5 fills: the longest quarter of the texts, whose sources T5's window cuts, so that their masked inputs share few
     # length buckets; a batch's cost is its steps at its rows, real or filler, so fewer buckets is less time
     ft = texts[:max(1, len(texts) // 4)]
-    masked = lambda t, seed: mask_spans(_fit_words(t, t5()[1], int(p["t5_max_input_tokens"]))[0], p["span_length"],
+    masked = lambda t, seed: mask_spans(fit_words(t, t5()[1], int(p["t5_max_input_tokens"]))[0], p["span_length"],
                                         p["pct_words_masked"], p["buffer_size"], seed)   # a text cut to T5's window, masked
     n_fill, rec = len(ft) * int(p["n_perturbations"]), {}
     def t5_base():   # plain generate() on the same masked texts, no filler rows, for a quarter of the longest cap: per step
@@ -754,7 +754,7 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
             row["ratio"] = round((row["seconds"] / row["decoder_steps"]) / (row["baseline_s"] / rec["base_steps"]), 2)
 
     para = cfg["paraphraser"]
-    name = _name_of(para)
+    name = real_name(para)
     batch = int(cfg.get("paraphrase_batch_size", 8))
     def decode_path(label, get, note="", profile=False, baseline=True, new=new_tokens):
         step = cfg.get("decode_step")   # how a decode step runs in the run (its device profile's: a captured step on a GPU)
@@ -806,7 +806,7 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
     def proxihuman_path():   # a path check, short: its fills are the T5 path's function (measured there), capped low here
         d, small = DETECTORS.get("proxihuman"), {**cfg, "perturbation": {**cfg["perturbation"], "t5_max_length": 8}}
         k = int(p.get("proxihuman_k") or 5)
-        measure_path(rows, dev, "proxihuman (T5 fills + MPNet)", [_name_of(p.get("proxihuman_t5_model") or p["t5_model"]), _name_of(ph)],
+        measure_path(rows, dev, "proxihuman (T5 fills + MPNet)", [real_name(p.get("proxihuman_t5_model") or p["t5_model"]), real_name(ph)],
                      profiled(lambda: d.compute([" ".join(texts[-1].split()[:30])], small, fresh())),
                      lambda: (t5(), load_proxihuman_embedder(ph, cfg), lm("scoring_model")), None,
                      lambda out, dt: {"kind": "fill", "items": k, "unit": "perturbations", "per_s": round(k / dt, 2)},
@@ -842,8 +842,8 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
         try: fn()
         finally:
             for r in rows[n:]: r["key"] = key
-    from stealth_eval.rehearsal import _free
-    _free(dev)
+    from stealth_eval.rehearsal import free_models
+    free_models(dev)
     return partial
 
 # %% ../nbs/09_preflight.ipynb #5ce0b4b0
@@ -1007,7 +1007,7 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
     runs (RESERVE): the call ends within the total whatever a step takes (a step with nothing left is cut before it starts)."""
     import datetime
     from stealth_eval.models import resolve_device
-    from stealth_eval.rehearsal import _free, rehearsal_scale
+    from stealth_eval.rehearsal import free_models, rehearsal_scale
     from stealth_eval.core import usable_dir
     out = usable_dir(out_dir, "--out_dir")      # a file there, a name too long: one line (exit 2), never a traceback
     dev = resolve_device(device)
@@ -1049,14 +1049,14 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
     hw = device_hw(env["result"]) if env["status"] == "ok" else None
     rep["hw"] = hw
     step("build", build_models, scale)
-    _free(dev)   # the stand-ins built on the device: the notebooks' run needs its memory
+    free_models(dev)   # the stand-ins built on the device: the notebooks' run needs its memory
     nb_scale = "reduced" if short and not cuda else scale
     step("notebooks", run_notebooks, out, dev, nb_scale, kind == "cpu-short")
     if hw:
         ov = {**PATHS_RUN, **(SHORT_RUN if kind == "cpu-short" else {})}
         step("paths", lambda p: measure_paths(p, preflight_config(dev, scale, ov), preflight_texts(Z["texts"]), hw, Z["prompts"],
                                               Z["new_tokens"], Z["m3_items"], Z["m3_words"]))   # the texts read within its budget
-        _free(dev)   # a cut step leaves its models loaded
+        free_models(dev)   # a cut step leaves its models loaded
         step("prediction", lambda p: predict_paper(measured_rates(rep["steps"]["paths"]["result"].get("paths", []), hw, scale), hw))
     rep["skipped"] = list(skip)
     rep["ok"] = all(s["status"] in ("ok", "skipped") for s in rep["steps"].values()) and len(rep["steps"]) == len(STEPS)

@@ -23,10 +23,10 @@ __all__ = ['REAL_CONFIGS', 'STANDS_FOR', 'ONLY_WITH', 'TOKENIZER_KIND', 'SCALES'
            'SENTENCE_TRANSFORMERS', 'BANNER', 'REDUCED_RUN', 'LAYERS_RUN', 'H100', 'LOGIT_PASS_BYTES', 'PAPER_SIZES',
            'runs_method', 'real_config', 'model_config', 'count_params', 'make_word_tokenizer', 'rehearsal_dir',
            'build_rehearsal_model', 'build_rehearsal_models', 'rehearsal_scale', 'rehearsal_config', 'banner',
-           'watermark', 'mark_text_artifacts', 'StageMonitor', 'measure_models', 'param_split', 'flops_per_token',
-           'attention_flops', 'weight_bytes', 'peak_flops', 'prefill_flops', 'prefill_seconds', 'decode_step',
-           'decode_seconds', 'sampling_seconds', 'paper_workload', 'predict_seconds', 'cpu_layer_rows', 'cost_section',
-           'rehearsal_report', 'finish_rehearsal']
+           'watermark', 'mark_text_artifacts', 'StageMonitor', 'peak_reset', 'peak_gb', 'free_models', 'measure_models',
+           'param_split', 'flops_per_token', 'attention_flops', 'weight_bytes', 'peak_flops', 'prefill_flops',
+           'prefill_seconds', 'decode_step', 'decode_seconds', 'sampling_seconds', 'real_name', 'paper_workload',
+           'predict_seconds', 'cpu_layer_rows', 'cost_section', 'rehearsal_report', 'finish_rehearsal']
 
 # %% ../nbs/06_rehearsal.ipynb #c882805a
 REAL_CONFIGS = {
@@ -476,19 +476,21 @@ class StageMonitor:
         return out
 
 # %% ../nbs/06_rehearsal.ipynb #a45a6685
-def _peak_reset(device: str):
+def peak_reset(device: str):
+    "Start a new peak-memory measurement (CUDA's peak statistics; a CPU's peak RSS cannot be reset)."
     import torch
     if device.startswith("cuda"): torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
 
 # %% ../nbs/06_rehearsal.ipynb #d0481cc5
-def _peak_gb(device: str) -> float:
+def peak_gb(device: str) -> float:
+    "Peak memory in GiB since `peak_reset`: CUDA's allocated peak, or the process's peak resident set on a CPU."
     import resource, sys, torch
     if device.startswith("cuda"): torch.cuda.synchronize(); return torch.cuda.max_memory_allocated() / 2**30
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r / 2**30 if sys.platform == "darwin" else r / 2**20     # process peak RSS (cumulative on the CPU)
 
 # %% ../nbs/06_rehearsal.ipynb #c485bd99
-def _free(device: str):
+def free_models(device: str):
     "Let go of every model the project's loaders keep (causal LMs, embedders, classifiers, T5 and DIPPER, the adapted paraphraser)."
     import gc, torch
     from stealth_eval import models, paraphrase, perturbation, supervised
@@ -523,7 +525,7 @@ def measure_models(cfg: dict, texts: list, new_tokens: int | None = None, n_prom
         row = {"model": name, "roles": ", ".join(keys), "params_m": None}
         try:
             if spec in inv: row["params_m"] = round(read_json(Path(spec) / MARKER)["n_params"] / 1e6, 1)
-            _free(dev); _peak_reset(dev)
+            free_models(dev); peak_reset(dev)
             if keys[0] in ("embedder", "perturbation.proxihuman_embedder"):
                 from stealth_eval.perturbation import load_proxihuman_embedder
                 emb = load_proxihuman_embedder(spec, cfg) if keys[0] != "embedder" else \
@@ -555,11 +557,11 @@ def measure_models(cfg: dict, texts: list, new_tokens: int | None = None, n_prom
                 with tempfile.TemporaryDirectory() as d:
                     t0 = time.perf_counter(); detectors.score_texts(texts, spec, cfg, Cache(d)); dt = time.perf_counter() - t0
                 row.update(what="score (likelihood panel, fresh cache)", items=n, seconds=round(dt, 2), per_s=round(n / dt, 1), unit="tokens/s")
-            row["peak_gb"] = round(_peak_gb(dev), 2)
+            row["peak_gb"] = round(peak_gb(dev), 2)
         except Exception as e:   # a measurement that fails must not fail the run: say why
             row.update(what="not measured", error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         rows.append(row)
-    _free(dev)
+    free_models(dev)
     return rows
 
 # %% ../nbs/06_rehearsal.ipynb #ad7c5a14
@@ -677,7 +679,7 @@ PAPER_SIZES = {   # the spec's sizes the paper profile does not fix (stealthrl_e
     "sentence_tokens": 28,  # T5 tokens of a news sentence (~22 words at ~1.3 tokens a word): DIPPER's windows are 3 of them
 }
 
-def _name_of(spec) -> str | None:
+def real_name(spec) -> str | None:
     "The REAL_CONFIGS name of a hub id or a stand-in folder (None for anything else)."
     inv = {v: k for k, v in STANDS_FOR.items()}
     if spec is None: return None
@@ -690,8 +692,8 @@ def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
     z = {**PAPER_SIZES, **(sizes or {})}
     N, T, K = z["n_per_class"], z["mean_tokens"], max(cfg["n_candidates"])
     ns, meths, dets, pt = cfg["n_candidates"], set(cfg["methods"]), set(cfg["detectors"]), cfg["perturbation"]
-    lm, para, emb = _name_of(cfg["scoring_model"]), _name_of(cfg["paraphraser"]), _name_of(cfg["embedder"])
-    t5, am = _name_of(pt["t5_model"]), _name_of(cfg.get("authormist_model")) or "authormist-originality-rehearsal-standin"
+    lm, para, emb = real_name(cfg["scoring_model"]), real_name(cfg["paraphraser"]), real_name(cfg["embedder"])
+    t5, am = real_name(pt["t5_model"]), real_name(cfg.get("authormist_model")) or "authormist-originality-rehearsal-standin"
     S, W = min(T, cfg["score_max_tokens"]), min(T, 512)
     rows = []
     # A GPU batch pads each text to its bucket (models.bucket_length: the next multiple of the granule, at least one pad
@@ -714,7 +716,7 @@ def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
         kv = cfg.get("decode_kv_gb", "auto")
         return decode_rows(model_config(model), L, cfg.get("paraphrase_batch_size", 32), DEVICE_PROFILES["gpu"]["decode_kv_gb"] if kv == "auto" else kv)
     if z["generate_ai"]:
-        g = _name_of(cfg["generator"])
+        g = real_name(cfg["generator"])
         add("00_data", "AI continuations", g, "decode", N, cfg["data"]["prompt_tokens"], T, batch_of(g, T))
     pools = [(m, para if m != "m4" else am) for m in ("m1", "m2", "m4") if m in meths or m == "m1" and "m3" in meths]
     for m, model in pools:
@@ -722,12 +724,12 @@ def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
         add("10_methods", f"{m} pool of {K} ({'adapter' if m == 'm2' else 'base'})", model, "decode", N * K, P, T, batch_of(model, P + T))
         add("10_methods", f"{m} pool similarity", emb, "prefill", N * K + N, W, pad=pad_e)
     if "m3" in meths:   # guided selection over M1's pool: the guides' forward passes
-        add("10_methods", "m3 guide: roberta_openai", _name_of(cfg.get("classifier_model")), "prefill", N * K, W)
+        add("10_methods", "m3 guide: roberta_openai", real_name(cfg.get("classifier_model")), "prefill", N * K, W)
         add("10_methods", "m3 guide: likelihood panel", lm, "prefill", N * K, S)
     m1_pool = len(ns) * (("m1" in meths) + len(cfg.get("m3_guides", [])) * ("m3" in meths))   # M1's and M3's picks: one pool
     n_out = {"m0": 1, "m1": min(K, m1_pool), "m2": min(K, len(ns)), "m4": min(K, len(ns)), "m5": len(cfg.get("homoglyph_rates", []))}
     if runs_method(cfg, "dipper"):   # not in the paper profile's methods: priced only for a run that asks for it (14_dipper)
-        dp, LO, si = _name_of(cfg["dipper"]["model"]), len(cfg["dipper"]["lex_order"]), cfg["dipper"]["sent_interval"]
+        dp, LO, si = real_name(cfg["dipper"]["model"]), len(cfg["dipper"]["lex_order"]), cfg["dipper"]["sent_interval"]
         w = si * z["sentence_tokens"]                         # tokens of a window; the windows before it are its context
         nw = max(1, math.ceil(T / w))
         ctx = 12 + w + w * (nw - 1) / 2                       # mean input: codes, the outputs so far, the window
@@ -742,7 +744,7 @@ def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
     san = set(cfg.get("sanitize") or []) & meths
     n_san = N + N * bool(san & {"m0", "m5"}) + N * sum(v for m, v in n_out.items() if m in san - {"m0", "m5"})
     texts += math.ceil(z["sanitize_changes"] * n_san)
-    if "roberta_openai" in dets: add("20_detectors", "roberta_openai", _name_of(cfg.get("classifier_model")), "prefill", texts, W)
+    if "roberta_openai" in dets: add("20_detectors", "roberta_openai", real_name(cfg.get("classifier_model")), "prefill", texts, W)
     # One pass of each causal LM per text and window, whatever reads it (detectors.fetch_lm_uses): a reader whose
     # (model, tokens) an earlier reader already priced adds no row (the paper's texts fit every window: Falcon-7b's
     # pass serves the panel, Binoculars' and DNA-DetectLLM's observer and Lastde; Falcon-7b-instruct's both performers)
@@ -752,14 +754,14 @@ def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
     if dets & {"log_likelihood", "log_rank", "rank", "entropy", "lrr", "fast_detectgpt"}:
         lm_pass("likelihood panel (one pass)", lm, S)
     if "binoculars" in dets:
-        lm_pass("binoculars observer", _name_of(cfg["binoculars_observer"]), W)
-        lm_pass("binoculars performer", _name_of(cfg["binoculars_performer"]), W)
+        lm_pass("binoculars observer", real_name(cfg["binoculars_observer"]), W)
+        lm_pass("binoculars performer", real_name(cfg["binoculars_performer"]), W)
     if "radar" in dets:   # a hub classifier: one pass of its encoder, its reference's max_length 512
-        add("20_detectors", "radar", _name_of((cfg.get("classifiers") or {}).get("radar")), "prefill", texts, W)
+        add("20_detectors", "radar", real_name((cfg.get("classifiers") or {}).get("radar")), "prefill", texts, W)
     if "dna_detectllm" in dets:   # its own passes of the Binoculars pair over its reference's 1024-token window
         D = min(T, int((cfg.get("score_windows") or {}).get("dna_detectllm", 1024)))
-        lm_pass("dna_detectllm observer", _name_of(cfg["binoculars_observer"]), D)
-        lm_pass("dna_detectllm performer", _name_of(cfg["binoculars_performer"]), D)
+        lm_pass("dna_detectllm observer", real_name(cfg["binoculars_observer"]), D)
+        lm_pass("dna_detectllm performer", real_name(cfg["binoculars_performer"]), D)
     if dets & {"lastde", "lastde_pp"}:   # one pass of the scoring LM over the model's window serves both, then the samples
         from stealth_eval.schema import Lastde
         ld = Lastde.from_dict(cfg.get("lastde") or {})
@@ -770,23 +772,23 @@ def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
         from stealth_eval.schema import GhostbusterLocal
         gb, n_tr = GhostbusterLocal.from_dict(cfg.get("ghostbuster_local") or {}), 2 * cfg["data"]["n_train_per_class"] * len(cfg["datasets"])
         add("20_detectors", "ghostbuster_local: scoring LM (texts + training split)", lm, "prefill", texts + n_tr, S)
-        add("20_detectors", "ghostbuster_local: weak LM (texts + training split)", _name_of(gb.weak_model), "prefill", texts + n_tr, T)
+        add("20_detectors", "ghostbuster_local: weak LM (texts + training split)", real_name(gb.weak_model), "prefill", texts + n_tr, T)
     if "proxihuman" in dets:   # its own masks (10% of the words, single-word spans) and its own T5: fills of its own
-        ph = _name_of(pt.get("proxihuman_t5_model") or pt["t5_model"])
+        ph = real_name(pt.get("proxihuman_t5_model") or pt["t5_model"])
         sl, pc = pt.get("proxihuman_span_length", 1), pt.get("proxihuman_pct_masked", 0.1)
         n_p, fill = texts * pt["n_perturbations"], min(pt["t5_max_length"], math.ceil((sl + 1) * pc * T / sl) + 1)
         add("20_detectors", "ProxiHuman T5 fills: encoder", ph, "prefill_encoder", n_p, min(T, pt["t5_max_input_tokens"]), dtype=t5_dt)
         add("20_detectors", "ProxiHuman T5 fills: decoder", ph, "decode_decoder", n_p, min(T, pt["t5_max_input_tokens"]), fill,
             pt["batch_size"], dtype=t5_dt)
-        phe = _name_of(pt.get("proxihuman_embedder") or cfg["embedder"])   # a sentence-transformers model reads its max_seq_length
+        phe = real_name(pt.get("proxihuman_embedder") or cfg["embedder"])   # a sentence-transformers model reads its max_seq_length
         add("20_detectors", "ProxiHuman embeddings", phe, "prefill", n_p + texts,
             min(W, SENTENCE_TRANSFORMERS.get(phe, {}).get("max_seq_length", W)), dtype=ph_dt, pad=pad_e)
     if dets & {"detectgpt", "npr"}:
         n_p, fill = texts * pt["n_perturbations"], min(pt["t5_max_length"], math.ceil((pt["span_length"] + 1) * pt["pct_words_masked"] * T / (pt["span_length"] + 2 * pt["buffer_size"])) + 1)
         add("20_detectors", "T5 fills: encoder", t5, "prefill_encoder", n_p, min(T, pt["t5_max_input_tokens"]), dtype=t5_dt)
         add("20_detectors", "T5 fills: decoder", t5, "decode_decoder", n_p, min(T, pt["t5_max_input_tokens"]), fill, pt["batch_size"], dtype=t5_dt)
-        add("20_detectors", "perturbed texts scored", _name_of(pt.get("scoring_model")) or lm, "prefill", n_p, S)
-    add("25_quality", "perplexity", _name_of(cfg["quality_lm"]), "prefill", texts - N, S)
+        add("20_detectors", "perturbed texts scored", real_name(pt.get("scoring_model")) or lm, "prefill", n_p, S)
+    add("25_quality", "perplexity", real_name(cfg["quality_lm"]), "prefill", texts - N, S)
     add("25_quality", "similarity", emb, "prefill", texts, W, pad=pad_e)
     return rows
 

@@ -158,7 +158,7 @@ def test_preflight_keeps_to_its_total_in_one_call(tmp_path, monkeypatch):
     monkeypatch.setattr(P, "preflight_texts", lambda n: [])
     monkeypatch.setattr(P, "preflight_config", lambda *a, **k: {})
     monkeypatch.setattr(P, "build_models", lambda partial, scale: {"models": []})
-    monkeypatch.setattr("stealth_eval.rehearsal._free", lambda device: None)
+    monkeypatch.setattr("stealth_eval.rehearsal.free_models", lambda device: None)
     monkeypatch.setattr(P, "predict_paper", lambda rates, hw: {"stages": {}})
     monkeypatch.setattr(P, "RESERVE", {"notebooks": 0.5, "paths": 0.5, "prediction": 0.5})
     monkeypatch.setattr(P, "MIN_STEP_S", 0.05)
