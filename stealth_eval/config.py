@@ -46,8 +46,12 @@ PROFILE_CHANGES = {
         "generator": "Qwen/Qwen3-4B-Instruct-2507",
         "scoring_model": "tiiuae/falcon-7b",
         "binoculars_observer": "tiiuae/falcon-7b", "binoculars_performer": "tiiuae/falcon-7b-instruct",
+        # Fast-DetectGPT's 2026 pair (its README: Llama3-8B/Llama3-8B-Instruct > falcon-7b/falcon-7b-instruct), read by
+        # fast_detectgpt_llama3 and binoculars_llama3 on request (two more 8 B passes a text: `make rehearse` prices them)
+        "llama3_observer": "meta-llama/Meta-Llama-3-8B", "llama3_performer": "meta-llama/Meta-Llama-3-8B-Instruct",
         "detectors": ["roberta_openai", "log_likelihood", "log_rank", "rank", "entropy", "lrr", "fast_detectgpt",
                       "detectgpt", "npr", "proxihuman", "binoculars",
+                      "fast_detectgpt_pair",   # the Falcon pair as Fast-DetectGPT's authors run it: free on Binoculars' passes
                       "radar",    # held out from every attack: trained against a paraphraser (issue #27; classifiers.radar)
                       # the training-free baselines 2025 papers report (Lastde/Lastde++ on the scoring LM, DNA-DetectLLM on the
                       # Binoculars pair) and the spec's optional Ghostbuster, its API LMs replaced by local ones (§4.2)
@@ -215,7 +219,8 @@ def resolve_config(profile: str = "embedded", datasets=None, methods=None, detec
     cfg = PROFILES[profile].to_dict()
     if cfg.get("rehearsal"):   # stand-ins built (once) and swapped in, sizes by device (06_rehearsal)
         from stealth_eval.rehearsal import rehearsal_config
-        cfg = rehearsal_config({**cfg, "methods": list(methods or cfg["methods"])}, overrides)   # --methods: what is built
+        cfg = rehearsal_config({**cfg, "methods": list(methods or cfg["methods"]),   # --methods, --detectors: what is built
+                               "detectors": [str(d) for d in (detectors or cfg["detectors"])]}, overrides)
     for k, v in (overrides or {}).items(): _set_dotted(cfg, k, v)
     cfg = resolve_device_settings(cfg, probe=False)   # the runner probes `device=auto` (torch) before config.json
     cfg["plugins"] = load_plugins(list(cfg.get("plugins") or []) + list(plugins or []))   # before the names are checked

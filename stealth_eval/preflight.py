@@ -892,7 +892,7 @@ def run_notebooks(partial: dict, out: Path, device: str, scale: str, short: bool
     return partial
 
 # %% ../nbs/09_preflight.ipynb #7b37244a
-RATE_PROXIES = {"falcon-7b-instruct": "falcon-7b", "authormist-originality-rehearsal-standin": "qwen3-4b-instruct-2507"}
+RATE_PROXIES = {"falcon-7b-instruct": "falcon-7b", "llama-3-8b": "falcon-7b", "llama-3-8b-instruct": "falcon-7b", "authormist-originality-rehearsal-standin": "qwen3-4b-instruct-2507"}
 
 def measured_rates(paths: list, hw: dict, scale: str) -> dict:
     """model -> {'mfu': share of the dtype's peak in prefill, 'bw_eff': share of the bandwidth in decode, 'sample_bw_eff'};

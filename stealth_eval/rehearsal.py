@@ -19,14 +19,15 @@ from pathlib import Path
 from .core import StealthEvalError, atomic_write_text, deep_merge, get_logger, read_json, user_cache_dir, write_json
 
 # %% auto #0
-__all__ = ['REAL_CONFIGS', 'STANDS_FOR', 'ONLY_WITH', 'TOKENIZER_KIND', 'SCALES', 'CHAT_TEMPLATE', 'MARKER', 'SHARED_WEIGHTS',
-           'SENTENCE_TRANSFORMERS', 'BANNER', 'REDUCED_RUN', 'LAYERS_RUN', 'H100', 'LOGIT_PASS_BYTES', 'PAPER_SIZES',
-           'runs_method', 'real_config', 'model_config', 'count_params', 'make_word_tokenizer', 'rehearsal_dir',
-           'build_rehearsal_model', 'build_rehearsal_models', 'rehearsal_scale', 'rehearsal_config', 'banner',
-           'watermark', 'mark_text_artifacts', 'StageMonitor', 'peak_reset', 'peak_gb', 'free_models', 'measure_models',
-           'param_split', 'flops_per_token', 'attention_flops', 'weight_bytes', 'peak_flops', 'prefill_flops',
-           'prefill_seconds', 'decode_step', 'decode_seconds', 'sampling_seconds', 'real_name', 'paper_workload',
-           'predict_seconds', 'cpu_layer_rows', 'cost_section', 'rehearsal_report', 'finish_rehearsal']
+__all__ = ['REAL_CONFIGS', 'STANDS_FOR', 'ONLY_WITH', 'ONLY_WITH_DETECTORS', 'TOKENIZER_KIND', 'SCALES', 'CHAT_TEMPLATE',
+           'MARKER', 'SHARED_WEIGHTS', 'SENTENCE_TRANSFORMERS', 'BANNER', 'REDUCED_RUN', 'LAYERS_RUN', 'H100',
+           'LOGIT_PASS_BYTES', 'PAPER_SIZES', 'PAIR_READS', 'runs_method', 'real_config', 'model_config',
+           'count_params', 'make_word_tokenizer', 'rehearsal_dir', 'build_rehearsal_model', 'build_rehearsal_models',
+           'rehearsal_scale', 'rehearsal_config', 'banner', 'watermark', 'mark_text_artifacts', 'StageMonitor',
+           'peak_reset', 'peak_gb', 'free_models', 'measure_models', 'param_split', 'flops_per_token',
+           'attention_flops', 'weight_bytes', 'peak_flops', 'prefill_flops', 'prefill_seconds', 'decode_step',
+           'decode_seconds', 'sampling_seconds', 'real_name', 'paper_workload', 'predict_seconds', 'cpu_layer_rows',
+           'cost_section', 'rehearsal_report', 'finish_rehearsal']
 
 # %% ../nbs/06_rehearsal.ipynb #c882805a
 REAL_CONFIGS = {
@@ -39,6 +40,15 @@ REAL_CONFIGS = {
                   "parallel_attn": True, "vocab_size": 65024},
     # huggingface.co/tiiuae/falcon-7b-instruct/blob/main/config.json: the same shape as falcon-7b
     "falcon-7b-instruct": "falcon-7b",
+    # huggingface.co/meta-llama/Meta-Llama-3-8B/blob/main/config.json (the Instruct model: the same shape, EOS 128009):
+    # Fast-DetectGPT's 2026 pair and Binoculars beside it (fast_detectgpt_llama3, binoculars_llama3)
+    "llama-3-8b": {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "attention_bias": False,
+                   "attention_dropout": 0.0, "bos_token_id": 128000, "eos_token_id": 128001, "hidden_act": "silu",
+                   "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+                   "max_position_embeddings": 8192, "mlp_bias": False, "num_attention_heads": 32, "num_hidden_layers": 32,
+                   "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+                   "rope_theta": 500000.0, "tie_word_embeddings": False, "vocab_size": 128256},
+    "llama-3-8b-instruct": "llama-3-8b",
     # huggingface.co/Qwen/Qwen3-4B-Instruct-2507/blob/main/config.json
     "qwen3-4b-instruct-2507": {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "attention_bias": False,
                                "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128,
@@ -125,6 +135,7 @@ REAL_CONFIGS = {
 
 STANDS_FOR = {  # rehearsal model -> the hub id it replaces (in any profile value)
     "falcon-7b": "tiiuae/falcon-7b", "falcon-7b-instruct": "tiiuae/falcon-7b-instruct",
+    "llama-3-8b": "meta-llama/Meta-Llama-3-8B", "llama-3-8b-instruct": "meta-llama/Meta-Llama-3-8B-Instruct",
     "qwen3-4b-instruct-2507": "Qwen/Qwen3-4B-Instruct-2507",
     "authormist-originality-rehearsal-standin": "authormist/authormist-originality",
     "t5-large": "t5-large", "roberta-large-openai-detector": "openai-community/roberta-large-openai-detector",
@@ -136,6 +147,9 @@ STANDS_FOR = {  # rehearsal model -> the hub id it replaces (in any profile valu
 # a stand-in that only one method reads is built only for a run with that method (directly or in `recursive.methods`):
 # DIPPER is not among the paper profile's methods, and its 11 B shape would cost every rehearsal and preflight its build
 ONLY_WITH = {"dipper-paraphraser-xxl": "dipper"}
+# likewise a stand-in that only some detectors read: the Llama-3 pair (8 B each; on request in the paper profile)
+ONLY_WITH_DETECTORS = {"llama-3-8b": ("fast_detectgpt_llama3", "binoculars_llama3"),
+                       "llama-3-8b-instruct": ("fast_detectgpt_llama3", "binoculars_llama3")}
 
 def runs_method(cfg: dict, method: str) -> bool:
     "Whether a run of `cfg` applies `method`: named in `methods`, or recursed (`recursive.methods`) by `recursive`."
@@ -261,7 +275,7 @@ def make_word_tokenizer(kind: str,              # causal | chat | t5 | roberta |
 # %% ../nbs/06_rehearsal.ipynb #d8d702f6
 MARKER = "REHEARSAL_RANDOM_WEIGHTS.json"
 _BF16_CHECKPOINTS = {"falcon", "qwen3", "qwen2", "llama"}   # the hub checkpoints' dtypes: these bf16; T5, RoBERTa, E5, MPNet float32
-SHARED_WEIGHTS = {"falcon-7b-instruct": "falcon-7b"}   # same random tensors (hard links), own folder and marker
+SHARED_WEIGHTS = {"falcon-7b-instruct": "falcon-7b", "llama-3-8b-instruct": "llama-3-8b"}   # same random tensors (hard links), own folder and marker
 SENTENCE_TRANSFORMERS = {   # stand-ins saved as sentence-transformers folders: the hub's modules.json, sentence_bert_config.json, 1_Pooling
     "all-mpnet-base-v2": {"max_seq_length": 384, "do_lower_case": False, "pooling": "mean", "normalize": True},
 }
@@ -398,10 +412,14 @@ def rehearsal_config(cfg: dict, overrides: dict | None = None) -> dict:
     used = {n for n, hub in STANDS_FOR.items() if hub in json.dumps(cfg)}
     rec = ov.get("recursive.methods", (cfg.get("recursive") or {}).get("methods"))
     idle = {n for n in used if n in ONLY_WITH and not runs_method({**cfg, "recursive": {"methods": rec}}, ONLY_WITH[n])}   # unread
+    dets = set(ov.get("detectors", cfg.get("detectors")) or [])
+    idle |= {n for n in used if n in ONLY_WITH_DETECTORS and not dets & set(ONLY_WITH_DETECTORS[n])}
     folders = build_rehearsal_models(scale=scale, seed=seed, names=[n for n in REAL_CONFIGS if n in used - idle])
     out = _replace_hub_ids(cfg, folders)
     if "dipper-paraphraser-xxl" in folders: out["dipper"] = {**out["dipper"], "tokenizer": None}   # the stand-in's own
     if "dipper-paraphraser-xxl" in idle: out["dipper"] = {**out["dipper"], "model": None}        # no hub id stays
+    for k in ("llama3_observer", "llama3_performer"):
+        if out.get(k) in {STANDS_FOR[n] for n in idle}: out[k] = None                             # the pair unread: none
     out = deep_merge(out, {"reduced": REDUCED_RUN, "layers": LAYERS_RUN}.get(scale, {}))
     out["rehearsal"] = {**r, "scale": scale, "seed": seed, "banner": BANNER, "models": {n: str(f) for n, f in folders.items()}}
     return out
@@ -686,6 +704,12 @@ def real_name(spec) -> str | None:
     return Path(str(spec)).name if Path(str(spec)).name in REAL_CONFIGS else inv.get(str(spec))
 
 # %% ../nbs/06_rehearsal.ipynb #3031c284
+# the pair detectors (20_detectors): detector -> (observer setting, performer setting, window: 512 or the model's limit)
+PAIR_READS = {"binoculars": ("binoculars_observer", "binoculars_performer", 512),
+              "fast_detectgpt_pair": ("binoculars_observer", "binoculars_performer", "model"),
+              "binoculars_llama3": ("llama3_observer", "llama3_performer", 512),
+              "fast_detectgpt_llama3": ("llama3_observer", "llama3_performer", "model")}
+
 def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
     "The model work of a run of `cfg` at the spec's sizes: one row per (stage, what, model) with its sequences and tokens."
     import math
@@ -753,9 +777,11 @@ def paper_workload(cfg: dict, sizes: dict | None = None) -> list:
         if (model, L) not in priced: priced.add((model, L)); add("20_detectors", what, model, "prefill", texts, L)
     if dets & {"log_likelihood", "log_rank", "rank", "entropy", "lrr", "fast_detectgpt"}:
         lm_pass("likelihood panel (one pass)", lm, S)
-    if "binoculars" in dets:
-        lm_pass("binoculars observer", real_name(cfg["binoculars_observer"]), W)
-        lm_pass("binoculars performer", real_name(cfg["binoculars_performer"]), W)
+    for d, (ko, kp, L) in PAIR_READS.items():   # Binoculars and Fast-DetectGPT on a pair: one pass of each model
+        if d in dets and cfg.get(ko) and cfg.get(kp):
+            L = min(T, getattr(model_config(real_name(cfg[kp])), "max_position_embeddings", None) or 2048) if L == "model" else W
+            lm_pass(f"{d} observer", real_name(cfg[ko]), L)
+            lm_pass(f"{d} performer", real_name(cfg[kp]), L)
     if "radar" in dets:   # a hub classifier: one pass of its encoder, its reference's max_length 512
         add("20_detectors", "radar", real_name((cfg.get("classifiers") or {}).get("radar")), "prefill", texts, W)
     if "dna_detectllm" in dets:   # its own passes of the Binoculars pair over its reference's 1024-token window

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXPECTED_B = {"falcon-7b": (6.9, 7.2), "falcon-7b-instruct": (6.9, 7.2), "qwen3-4b-instruct-2507": (3.95, 4.1),
               "t5-large": (0.73, 0.75), "roberta-large-openai-detector": (0.35, 0.36), "e5-base-v2": (0.105, 0.115),
               "longformer-base-4096": (0.148, 0.150), "authormist-originality-rehearsal-standin": (3.0, 3.2),
-              "dipper-paraphraser-xxl": (10.9, 11.1)}   # T5 v1.1 XXL, untied head
+              "dipper-paraphraser-xxl": (10.9, 11.1),   # T5 v1.1 XXL, untied head
+              "llama-3-8b": (8.0, 8.1), "llama-3-8b-instruct": (8.0, 8.1)}
 
 
 @pytest.mark.parametrize("name", sorted(REAL_CONFIGS))
@@ -280,6 +281,7 @@ DETECTOR_MODEL_KEYS = {
     "detectgpt": ["scoring_model", "perturbation.t5_model"], "npr": ["scoring_model", "perturbation.t5_model"],
     "proxihuman": ["scoring_model", "perturbation.proxihuman_t5_model", "perturbation.proxihuman_embedder"],
     "binoculars": ["binoculars_observer", "binoculars_performer"], "dna_detectllm": ["binoculars_observer", "binoculars_performer"],
+    "fast_detectgpt_pair": ["binoculars_observer", "binoculars_performer"],
     "ghostbuster_local": ["scoring_model", "ghostbuster_local.weak_model"],
 }
 
@@ -308,6 +310,12 @@ def test_every_paper_detector_reads_a_stand_in_or_an_embedded_model(tmp_path, mo
             for v in node: yield from leaves(v)
         else: yield node
     assert not [v for v in leaves(cfg) if isinstance(v, str) and v in hubs]   # no replaced hub id survives anywhere
+    # the Llama-3 pair is read only on request: no stand-in built for it and no hub id left (its settings none) ...
+    assert (cfg["llama3_observer"], cfg["llama3_performer"]) == (None, None)
+    assert not {"llama-3-8b", "llama-3-8b-instruct"} & set(cfg["rehearsal"]["models"])
+    # ... and built when its detectors run
+    l3 = resolve_config("rehearsal", detectors=paper["detectors"] + ["fast_detectgpt_llama3"], overrides={"rehearsal.scale": "layers"}).to_dict()
+    assert [Path(l3[k]).name for k in ("llama3_observer", "llama3_performer")] == ["llama-3-8b", "llama-3-8b-instruct"]
 
 
 def test_proxihuman_and_radar_stand_ins_load_as_their_detectors_read_them(tmp_path):
@@ -350,8 +358,15 @@ def test_cost_model_rows_of_the_newer_detectors():
     assert "dna_detectllm observer" not in long                       # 1024 tokens of Falcon-7b: the panel's pass
     assert long["dna_detectllm performer"]["model"] == "falcon-7b-instruct" and long["dna_detectllm performer"]["tokens"] == 1024
     assert long["binoculars observer"]["model"] == "falcon-7b" and long["binoculars observer"]["tokens"] == 512
-    assert long["lastde / lastde++ (one pass)"]["tokens"] == 2048 and long["ProxiHuman embeddings"]["tokens"] == 384
+    # Fast-DetectGPT on the Falcon pair reads the model's 2048 positions: its observer pass of Falcon-7b serves Lastde too
+    assert long["fast_detectgpt_pair observer"]["tokens"] == long["fast_detectgpt_pair performer"]["tokens"] == 2048
+    assert "lastde / lastde++ (one pass)" not in long and long["ProxiHuman embeddings"]["tokens"] == 384
     assert long["radar"]["tokens"] == 512
+    # the Llama-3 pair, on request: two more 8 B passes a text (none without its detectors)
+    assert not [r for r in paper_workload(paper) if "llama" in r["model"]]
+    l3 = {r["what"]: r for r in paper_workload({**paper, "detectors": paper["detectors"] + ["fast_detectgpt_llama3", "binoculars_llama3"]})}
+    assert (l3["binoculars_llama3 observer"]["model"], l3["binoculars_llama3 performer"]["model"]) == ("llama-3-8b", "llama-3-8b-instruct")
+    assert l3["binoculars_llama3 observer"]["seqs"] == texts and "fast_detectgpt_llama3 observer" not in l3   # one pass serves both
     # the settings drive the rows: fewer samples cost less, a detector left out leaves no row
     few = {r["what"]: r for r in paper_workload({**paper, "lastde": {**paper["lastde"], "n_samples": 10}})}
     assert predict_seconds(few["lastde++: 10 samples per position"]) < predict_seconds(samp)
