@@ -12,6 +12,7 @@ import re
 import shutil
 import tempfile
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from pathlib import Path
@@ -19,18 +20,18 @@ from pathlib import Path
 from .core import StealthEvalError, atomic_write_text, file_sha256, get_logger, sha256_text, stable_hash, user_cache_dir
 
 # %% auto #0
-__all__ = ['EMBEDDED_LMS', 'LOADS', 'ENCODE_VERSION', 'E5_CONVENTION', 'SAMPLER_VERSION', 'NUCLEUS_PREFIX', 'DECODE_CHECK_EVERY',
-           'DECODE_RUNS', 'DECODE_STEPS', 'DECODE_CACHE_GRANULE', 'STEP_COMPILE', 'CUDA_GRAPH_WARMUP',
-           'SEQ2SEQ_WATCHERS', 'CHAT_VERSION', 'convert_gguf', 'LoadedLM', 'offline_mode', 'available_offline',
-           'resolve_device', 'device_class', 'device_setting', 'run_dtype', 'lm_kwargs', 'local_identity',
-           'hub_identity', 'lm_identity', 'load_causal_lm', 'load_seq2seq', 'use_gqa_sdpa', 'model_source',
-           'load_tokenizer', 'model_max_tokens', 'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches',
-           'default_token_budget', 'scoring_budget', 'pad_batch', 'rows_alone', 'Embedder', 'encoder_max_tokens',
-           'embed_budget', 'EmbedConvention', 'embedder_source', 'embedder_convention', 'embedder_identity',
-           'load_embedder', 'similarities', 'row_seed', 'counter_uniform', 'seeded_sample', 'SeededSampler',
-           'kv_cache_arg', 'kv_cache_of', 'decode_runs_since', 'decode_step_mode', 'static_cache_length', 'static_rows',
-           'StepRunner', 'kv_bytes_per_token', 'decode_rows', 'iter_continuations', 'sample_continuations',
-           'iter_seq2seq_sample', 'chat_prompt_ids', 'chat_generate']
+__all__ = ['EMBEDDED_LMS', 'HEAD_DTYPES', 'LOADS', 'ENCODE_VERSION', 'E5_CONVENTION', 'SAMPLER_VERSION', 'NUCLEUS_PREFIX',
+           'DECODE_CHECK_EVERY', 'DECODE_RUNS', 'DECODE_STEPS', 'DECODE_CACHE_GRANULE', 'STEP_COMPILE',
+           'CUDA_GRAPH_WARMUP', 'SEQ2SEQ_WATCHERS', 'CHAT_VERSION', 'convert_gguf', 'round_tf32', 'tf32_matmul',
+           'fused_bf16_head', 'LoadedLM', 'offline_mode', 'available_offline', 'resolve_device', 'device_class',
+           'device_setting', 'run_dtype', 'lm_kwargs', 'local_identity', 'hub_identity', 'lm_identity',
+           'load_causal_lm', 'load_seq2seq', 'use_gqa_sdpa', 'model_source', 'load_tokenizer', 'model_max_tokens',
+           'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches', 'default_token_budget', 'scoring_budget',
+           'pad_batch', 'rows_alone', 'Embedder', 'encoder_max_tokens', 'embed_budget', 'EmbedConvention',
+           'embedder_source', 'embedder_convention', 'embedder_identity', 'load_embedder', 'similarities', 'row_seed',
+           'counter_uniform', 'seeded_sample', 'SeededSampler', 'kv_cache_arg', 'kv_cache_of', 'decode_runs_since',
+           'decode_step_mode', 'static_cache_length', 'static_rows', 'StepRunner', 'kv_bytes_per_token', 'decode_rows',
+           'iter_continuations', 'sample_continuations', 'iter_seq2seq_sample', 'chat_prompt_ids', 'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
 def _package_dir(pkg: str) -> Path:
@@ -148,6 +149,36 @@ def convert_gguf(alias: str) -> tuple[Path, str]:
     return target, sha
 
 # %% ../nbs/02_models.ipynb #0ab4ea89
+HEAD_DTYPES = ("float32", "bfloat16", "tf32")   # the values of the `head_dtype` device setting
+
+def round_tf32(x):
+    "`x` (float32) rounded to TF32's 10 mantissa bits, to nearest even (what a TF32 matrix product reads of its inputs)."
+    import torch
+    i = x.float().contiguous().view(torch.int32)
+    i = (i + (0xFFF + ((i >> 13) & 1))) & ~0x1FFF
+    return i.view(torch.float32)
+
+@contextmanager
+def tf32_matmul():
+    "CUDA's float32 matrix products on TF32 tensor cores within the block (no effect on a CPU); the setting restored after."
+    import torch
+    m = torch.backends.cuda.matmul
+    new = hasattr(m, "fp32_precision")   # torch >= 2.9; the legacy flag beside it is deprecated
+    prev = m.fp32_precision if new else m.allow_tf32
+    if new: m.fp32_precision = "tf32"
+    else: m.allow_tf32 = True
+    try: yield
+    finally:
+        if new: m.fp32_precision = prev
+        else: m.allow_tf32 = prev
+
+def fused_bf16_head(device: str) -> bool:
+    "Whether `device` multiplies bf16 by bf16 into float32 in one kernel (`torch.mm(..., out_dtype=torch.float32)`: CUDA)."
+    import torch
+    try: torch.mm(torch.ones(1, 1, dtype=torch.bfloat16, device=device), torch.ones(1, 1, dtype=torch.bfloat16, device=device), out_dtype=torch.float32)
+    except (TypeError, RuntimeError, NotImplementedError): return False
+    return True
+
 @dataclass
 class LoadedLM:
     name: str            # what the user asked for (alias, path or hub id)
@@ -157,7 +188,7 @@ class LoadedLM:
     device: str
     meta: dict = field(default_factory=dict)
     dtype: str = "float32"   # the weights' dtype (the run's `dtype` setting)
-    _head32: tuple | None = field(default=None, repr=False, compare=False)
+    _head32: dict | None = field(default=None, repr=False, compare=False)   # head_dtype -> `head` (None: none made yet)
 
     @property
     def max_length(self) -> int:
@@ -165,15 +196,30 @@ class LoadedLM:
         n = getattr(self.model.config, "max_position_embeddings", None) or 2048
         return int(min(n, 8192))
 
-    def head_fp32(self) -> tuple:
-        """(weight, bias or None, final-logit softcap or None) of the output head in float32, made once: scored positions'
-        logits are computed in float32 from the last hidden state, so bf16 weights never round two logits into a tie."""
-        if self._head32 is None:
+    def head(self, dtype: str = "float32") -> tuple:
+        """(weight, bias or None, final-logit softcap or None, kernel) of the output head as `HeadLogits` multiplies it
+        in `dtype` (`head_dtype`), made once. float32: a float32 copy (none when the weights are float32), so bf16
+        weights never round two logits into a tie. bfloat16 and tf32: the weights rounded to that format, multiplied
+        with float32 accumulation into float32 logits (`HeadLogits` rounds the hidden states alike). Kernels: 'bf16_mm'
+        where the device multiplies bf16 into float32 in one kernel (`fused_bf16_head`: CUDA), else 'bf16', a float32
+        product of the rounded values; 'tf32' (TF32 tensor cores on CUDA, a float32 product elsewhere). A bf16 or TF32
+        product is exact in float32, so the kernels of one setting differ only in the order of their sums."""
+        if dtype not in HEAD_DTYPES: raise ValueError(f"head_dtype must be auto, {', '.join(HEAD_DTYPES)}; got {dtype!r}")
+        if self._head32 is None: self._head32 = {}   # a copy made with `_head32=None` (a changed model) makes its own
+        if dtype not in self._head32:
             head = self.model.get_output_embeddings()
-            w, b = head.weight, getattr(head, "bias", None)
+            w, b = head.weight.detach(), getattr(head, "bias", None)
             cap = getattr(self.model.config.get_text_config(), "final_logit_softcapping", None)
-            self._head32 = (w.float(), None if b is None else b.float(), cap)   # no copy when already float32
-        return self._head32
+            b = None if b is None else b.detach().float()
+            if dtype == "float32": self._head32[dtype] = (w.float(), b, cap, "f32")   # no copy when already float32
+            elif dtype == "tf32": self._head32[dtype] = (round_tf32(w), b, cap, "tf32")
+            elif fused_bf16_head(self.device): self._head32[dtype] = (w.bfloat16(), b, cap, "bf16_mm")
+            else: self._head32[dtype] = (w.bfloat16().float(), b, cap, "bf16")
+        return self._head32[dtype]
+
+    def head_fp32(self) -> tuple:
+        "(weight, bias or None, final-logit softcap or None) of the output head in float32 (`head('float32')`)."
+        return self.head("float32")[:3]
 
 # %% ../nbs/02_models.ipynb #e6205210
 def offline_mode() -> bool:

@@ -935,7 +935,9 @@ def predict_paper(rates: dict, hw: dict, sizes: dict | None = None) -> dict:
         rows.append({**w, "assumed_h100_s": a, "measured_rate_s": m, "measured": measured})
         s = out.setdefault(w["stage"], {"assumed_h100_h": 0.0, "measured_rate_h": 0.0, "rows": 0, "rows_measured": 0})
         s["assumed_h100_h"] += a / 3600; s["measured_rate_h"] += m / 3600; s["rows"] += 1; s["rows_measured"] += measured
+    from stealth_eval.rehearsal import rows_real_overall
     return {"stages": out, "rows": rows, "device": hw["name"],
+            "rows_real_paper": rows_real_overall(PROFILES["paper"].to_dict(), {**PAPER_SIZES, **(sizes or {})}),   # of its batched prefills
             "total_assumed_h100_h": sum(v["assumed_h100_h"] for v in out.values()),
             "total_measured_rate_h": sum(v["measured_rate_h"] for v in out.values())}
 
@@ -1067,6 +1069,12 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
 def _f(v, p: int = 2) -> str:
     return "–" if v is None else f"{v:,.{p}f}" if isinstance(v, float) else str(v)
 
+def _paper_rows_real() -> float:
+    "Real rows over executed rows of the paper run's batched prefills (`rehearsal.rows_real_overall`)."
+    from stealth_eval.config import PROFILES
+    from stealth_eval.rehearsal import rows_real_overall
+    return rows_real_overall(PROFILES["paper"].to_dict())
+
 def preflight_report(rep: dict) -> str:
     "preflight.md: verdict, steps, environment, stand-ins, model paths, stage notebooks, prediction, failures."
     st = rep.get("steps", {})
@@ -1170,7 +1178,8 @@ def preflight_report(rep: dict) -> str:
           "the encoder's share (the note gives both) and its decoder rows at the share the steps reached in the rest of the time.",
           "- Batches are shaped by each text's own length and filled to the token budget (a text's result never depends on "
           "its batch mates): with the few texts of a preflight many rows are filler (rows real %), which a paper run's "
-          "thousands of texts fill with real rows. The prediction therefore uses the share of the peak reached by the "
+          f"thousands of texts fill with real rows ({100 * _paper_rows_real():.1f}% of its batched prefills' executed rows, "
+          "by the cost model: `rehearsal.rows_real_overall`). The prediction therefore uses the share of the peak reached by the "
           "rows executed (filler included), not by the real tokens alone. The plain baseline has no filler rows.",
           "- On a CPU the stand-ins have one or two blocks (`layers`) and the peaks are this machine's measured rates: "
           "the figures test the mechanism, not the GPU's speed (the peaks are one matrix shape's measured rates, which "

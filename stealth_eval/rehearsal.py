@@ -26,8 +26,9 @@ __all__ = ['REAL_CONFIGS', 'STANDS_FOR', 'ONLY_WITH', 'ONLY_WITH_DETECTORS', 'TO
            'rehearsal_scale', 'rehearsal_config', 'banner', 'watermark', 'mark_text_artifacts', 'StageMonitor',
            'peak_reset', 'peak_gb', 'free_models', 'measure_models', 'param_split', 'flops_per_token',
            'attention_flops', 'weight_bytes', 'peak_flops', 'prefill_flops', 'prefill_seconds', 'decode_step',
-           'decode_seconds', 'sampling_seconds', 'real_name', 'paper_workload', 'predict_seconds', 'cpu_layer_rows',
-           'cost_section', 'rehearsal_report', 'finish_rehearsal']
+           'decode_seconds', 'sampling_seconds', 'real_name', 'paper_workload', 'predict_seconds', 'rows_real',
+           'paper_rows_real', 'rows_real_overall', 'cpu_layer_rows', 'cost_section', 'rehearsal_report',
+           'finish_rehearsal']
 
 # %% ../nbs/06_rehearsal.ipynb #c882805a
 REAL_CONFIGS = {
@@ -695,6 +696,7 @@ PAPER_SIZES = {   # the spec's sizes the paper profile does not fix (stealthrl_e
     # every homoglyph rate r for all but 3 texts (0.05%). Counted at 1%, rounded up.
     "sanitize_changes": 0.01,
     "sentence_tokens": 28,  # T5 tokens of a news sentence (~22 words at ~1.3 tokens a word): DIPPER's windows are 3 of them
+    "length_window": (100, 500),   # the spec's length filter (3.1): texts spread over it, mean `mean_tokens` (`rows_real`)
 }
 
 def real_name(spec) -> str | None:
@@ -830,6 +832,47 @@ def predict_seconds(row: dict, hw: dict = H100) -> float:
     if row["kind"] == "decode_decoder": return decode_seconds(m, n, L, row["new_tokens"], row["batch"], hw, stacks=("decoder.block",), dtype=dt)
     return prefill_seconds(m, n, L, hw, dtype=dt) + decode_seconds(m, n, L, row["new_tokens"], row["batch"], hw, dtype=dt)
 
+# %% ../nbs/06_rehearsal.ipynb #ffba07e1
+def rows_real(n_seqs: int, tokens: float, budget: int, granule: int, max_rows: int = 256, window: tuple = (100, 500),
+              mean_tokens: float = 300, max_len: int | None = None) -> float:
+    """Share of the rows a device executes that are real, for `n_seqs` texts planned in one stage as `models.plan_batches`
+    plans them (dummy rows fill each length bucket's last batch): their lengths spread evenly over `window` scaled by
+    `tokens / mean_tokens` (the spec's 100-500 tokens for a text of the mean length). 1.0 for one text a pass (budget 0)."""
+    import numpy as np
+    from stealth_eval.models import batch_shape
+    if n_seqs <= 0 or budget <= 0: return 1.0
+    lo, hi = (max(1, round(w * tokens / mean_tokens)) for w in window)
+    lengths = lo + np.floor((np.arange(n_seqs) + 0.5) * (hi - lo + 1) / n_seqs).astype(int)
+    groups = {}
+    for n, c in zip(*np.unique(lengths, return_counts=True)):
+        R, L = batch_shape(int(n), budget, granule, max_rows, max_len)
+        groups[(L, R, n >= L)] = groups.get((L, R, n >= L), 0) + int(c)
+    return n_seqs / sum(-(-c // R) * R for (L, R, _), c in groups.items())
+
+def paper_rows_real(cfg: dict, sizes: dict | None = None) -> list:
+    """(row of `paper_workload`, share of its executed rows that are real) of every batched prefill of a GPU run of
+    `cfg`: the scoring passes and classifiers (`score_batch_tokens`), embedders (`embed_batch_tokens`), T5's and
+    DIPPER's encoders (their fill batches), each bucketed by its granule, the gpu profile's budgets where 'auto'."""
+    from stealth_eval.schema import DEVICE_PROFILES
+    from stealth_eval.perturbation import t5_knobs
+    z, gpu = {**PAPER_SIZES, **(sizes or {})}, DEVICE_PROFILES["gpu"]
+    tok = lambda k: int(gpu[k] if cfg.get(k, "auto") in (None, "auto") else cfg[k])
+    sg, eg, pt = int(cfg.get("score_bucket_tokens", 64)), int(cfg.get("embed_bucket_tokens", 32)), cfg["perturbation"]
+    out = []
+    for w in paper_workload(cfg, z):
+        if w["kind"] not in ("prefill", "prefill_encoder"): continue
+        if w["what"].startswith("dipper"): plan = (int(cfg["dipper"]["batch_tokens"]), sg, int(cfg["dipper"]["batch_size"]))
+        elif w["kind"] == "prefill_encoder": plan = (int(t5_knobs(pt)["fill_batch_tokens"]), sg, int(pt["batch_size"]))
+        elif w["pad_tokens"] == (eg + 1) / 2 and w["pad_tokens"] != (sg + 1) / 2: plan = (tok("embed_batch_tokens"), eg, 256)
+        else: plan = (tok("score_batch_tokens"), sg, 256)
+        out.append((w, rows_real(w["seqs"], w["tokens"], *plan, window=z["length_window"], mean_tokens=z["mean_tokens"])))
+    return out
+
+def rows_real_overall(cfg: dict, sizes: dict | None = None) -> float:
+    "Real rows over executed rows of all the batched prefills of a GPU run of `cfg` (`paper_rows_real`), weighted by tokens."
+    rr = paper_rows_real(cfg, sizes)
+    return sum(w["seqs"] * w["tokens"] for w, _ in rr) / sum(w["seqs"] * w["tokens"] / s for w, s in rr) if rr else 1.0
+
 # %% ../nbs/06_rehearsal.ipynb #12a8357c
 def _depth(name: str, scale: str) -> int:
     c = model_config(name, scale)
@@ -882,6 +925,12 @@ def cost_section(cfg: dict, model_rows: list, sizes: dict | None = None, hw: dic
          f"| stage | predicted H100 hours | share |", "|---|---|---|"]
     L += [f"| {k} | {v / 3600:.2f} | {100 * v / tot:.0f}% |" for k, v in by.items()]
     L += [f"| **total** | **{tot / 3600:.1f}** | 100% |", ""]
+    rr = paper_rows_real(paper, z)
+    if rr:   # dummy rows fill each length bucket's last batch (models.plan_batches); not priced above
+        lo = min(rr, key=lambda x: x[1])
+        L += [f"Executed rows real: {100 * rows_real_overall(paper, z):.1f}% of the batched prefills' rows (token-weighted; lowest: "
+              f"{lo[0]['what']}, {100 * lo[1]:.1f}%), each stage's texts planned together (`models.plan_batches`) over "
+              f"{z['length_window'][0]}-{z['length_window'][1]}-token texts (`rehearsal.rows_real`); the dummy rows are not priced above.", ""]
     if measured:   # the same workload at the rates a preflight measured on its device (unmeasured rows: assumed rates)
         L += [f"### At the rates a preflight measured on {measured['device']}", "",
               f"`{measured['report']}` (started {measured.get('started')}, {measured.get('scale')} shapes): each row at the "

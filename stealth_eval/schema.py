@@ -686,6 +686,11 @@ class Settings(Section):
                                "once and replayed; as is where there is no CUDA) or compile (torch.compile, mode reduce-overhead); the "
                                "tokens are the same; 'auto': the device profile's", choices="auto|dynamic|static|cuda_graph|compile",
                                allowed="auto, dynamic, static, cuda_graph or compile")
+    head_dtype: str = setting("auto", "precision of the scoring LMs' output head in the token stream (19_stream): float32 (a float32 "
+                              "copy of the head), bfloat16 or tf32 (the head and hidden states rounded to that format, products "
+                              "accumulated in float32, float32 logits); in the stream's cache keys where not float32; 'auto': "
+                              "the device profile's (float32 on both)", choices="auto|float32|bfloat16|tf32",
+                              allowed="auto, float32, bfloat16 or tf32")
     fpr_targets: list[float] = setting([0.01, 0.05], "false-positive rates, calibrated on human texts only (1%: the spec's; "
                                        "5%: RAID's and DetectAnyLLM's, beside it)", "unit", nonempty=True)
     n_bootstrap: int = setting(1000, f"bootstrap resamples of every CI (at most {MAX_BOOTSTRAP}: each holds its resamples in memory)", "count",
@@ -757,10 +762,10 @@ RUNNER_KEYS = ("datasets", "methods", "detectors", "n_candidates", "plugins", "p
 # %% ../nbs/03_schema.ipynb #a7d1c0df
 DEVICE_PROFILES = {   # the value of every 'auto' device setting, per device profile
     "cpu": {"dtype": "float32", "attn_implementation": "sdpa", "score_batch_tokens": 0, "embed_batch_tokens": 0,
-            "decode_kv_gb": 2.0, "decode_step": "dynamic"},
+            "decode_kv_gb": 2.0, "decode_step": "dynamic", "head_dtype": "float32"},
     # an 80 GB GPU: 32 GiB of KV cache is ~140 rows of Qwen3-4B at 1,600 tokens (bf16), beside the weights
     "gpu": {"dtype": "bfloat16", "attn_implementation": "sdpa", "score_batch_tokens": 8192, "embed_batch_tokens": 16384,
-            "decode_kv_gb": 32.0, "decode_step": "cuda_graph"},
+            "decode_kv_gb": 32.0, "decode_step": "cuda_graph", "head_dtype": "float32"},
 }
 DEVICE_KEYS = tuple(DEVICE_PROFILES["cpu"])
 

@@ -14,14 +14,24 @@ from typing import Callable
 from .core import Cache, progress, sha256_text
 
 # %% auto #0
-__all__ = ['STATS_LOGITS', 'FULL_LOGITS_BYTES', 'PASSES', 'model_identity', 'scoring_window', 'position_stats', 'row_arrays',
-           'row_masks', 'HeadLogits', 'lm_logits', 'forward_batches', 'LMUse', 'fetch_lm_uses', 'log_softmax_list']
+__all__ = ['STATS_LOGITS', 'FULL_LOGITS_BYTES', 'PASSES', 'head_dtype', 'model_identity', 'scoring_window', 'position_stats',
+           'row_arrays', 'row_masks', 'HeadLogits', 'lm_logits', 'forward_batches', 'LMUse', 'fetch_lm_uses',
+           'log_softmax_list']
 
 # %% ../nbs/19_stream.ipynb #5e0a0006
+def head_dtype(cfg: dict) -> str:
+    "The precision the stream applies the output head in: the run's `head_dtype` (a device setting; float32 unless set)."
+    from stealth_eval.models import HEAD_DTYPES, device_setting
+    v = str(device_setting("head_dtype", cfg.get("head_dtype", "auto"), cfg.get("device", "auto")))
+    if v not in HEAD_DTYPES: raise ValueError(f"head_dtype must be auto, {', '.join(HEAD_DTYPES)}; got {v!r}")
+    return v
+
 def model_identity(model_spec: str, cfg: dict) -> str:
-    "The model's identity for cache keys (`models.lm_identity`: loads nothing for embedded or local models)."
+    """The model's identity for cache keys (`models.lm_identity`: loads nothing for embedded or local models), with
+    `+head:<dtype>` where the head is not applied in float32 (the default's keys stay as they were)."""
     from stealth_eval.models import lm_identity, lm_kwargs
-    return lm_identity(model_spec, **lm_kwargs(cfg))
+    h = head_dtype(cfg)
+    return lm_identity(model_spec, **lm_kwargs(cfg)) + ("" if h == "float32" else f"+head:{h}")
 
 def scoring_window(w, model_spec: str, cfg: dict) -> int:
     "Tokens a detector scores: 'profile' (the run's `score_max_tokens`), 'model' (the model's limit) or a number."
@@ -104,21 +114,32 @@ def row_masks(ids, lengths, pad_id=None):
 # %% ../nbs/19_stream.ipynb #d0de0001
 class HeadLogits:
     """The logits of a batch, made block by block in float32 from the LM's last hidden states (R, L, H) and its output
-    head in float32 (`LoadedLM.head_fp32`). With bf16 weights the model's own head rounds logits to bf16 (spacing 0.0625
-    between 8 and 16), which ties tokens and makes a strict `>` rank count optimistic; here only the hidden states are
-    bf16. A reader takes the blocks it needs (`hl[:, a:b]`), or `once` makes the whole batch at once where it fits."""
+    head (`LoadedLM.head`). With bf16 weights the model's own head rounds logits to bf16 (spacing 0.0625 between 8 and
+    16), which ties tokens and makes a strict `>` rank count optimistic; here the logits are float32 whatever the
+    head's precision (`head_dtype`: float32, or bf16 / TF32 products accumulated in float32). A reader takes the blocks
+    it needs (`hl[:, a:b]`), or `once` makes the whole batch at once where it fits."""
     def __init__(self, hidden, head: tuple):
-        self.hidden, (self.w, self.b, self.cap) = hidden, head
+        self.hidden, (self.w, self.b, self.cap, *k) = hidden, head
+        self.kernel = k[0] if k else "f32"   # `LoadedLM.head`'s: f32, bf16, bf16_mm or tf32
         self.shape, self.device = (*hidden.shape[:2], self.w.shape[0]), hidden.device
 
     def __getitem__(self, key):
         import torch
-        z = torch.nn.functional.linear(self.hidden[key].float(), self.w, self.b)
+        from stealth_eval.models import round_tf32, tf32_matmul
+        h = self.hidden[key]
+        if self.kernel == "bf16_mm":     # one kernel: bf16 products, float32 sums, float32 out
+            z = torch.mm(h.reshape(-1, h.shape[-1]).bfloat16(), self.w.t(), out_dtype=torch.float32).view(*h.shape[:-1], -1)
+            if self.b is not None: z = z + self.b
+        elif self.kernel == "tf32":      # TF32 values in, so TF32 tensor cores (CUDA) and float32 (elsewhere) agree
+            with tf32_matmul(): z = torch.nn.functional.linear(round_tf32(h), self.w, self.b)
+        else:                            # f32; bf16: the rounded values multiplied in float32 (each product exact there)
+            h = h.bfloat16().float() if self.kernel == "bf16" else h.float()
+            z = torch.nn.functional.linear(h, self.w, self.b)
         return z if not self.cap else torch.tanh(z / self.cap) * self.cap   # Gemma-2-style final softcapping
 
     def to(self, device):
         if str(device) == str(self.device): return self
-        return HeadLogits(self.hidden.to(device), tuple(None if x is None or isinstance(x, float) else x.to(device) for x in (self.w, self.b)) + (self.cap,))
+        return HeadLogits(self.hidden.to(device), tuple(None if x is None or isinstance(x, float) else x.to(device) for x in (self.w, self.b)) + (self.cap, self.kernel))
 
     def once(self, limit: int | None = None):
         """The whole (R, L, V) float32 logits, computed by one product, when they fit in `limit` bytes (default
@@ -138,18 +159,18 @@ class HeadLogits:
 # CUDA's 4 GiB is a budget chosen, not measured (no GPU lent yet): #34's preflight times the scoring pass there.
 FULL_LOGITS_BYTES = {"cpu": 1 << 30, "cuda": 4 << 30}
 
-def lm_logits(lm, ids, mask) -> HeadLogits:
-    "Scoring logits of a batch: the base model's last hidden states, the head applied in float32 on demand."
+def lm_logits(lm, ids, mask, head: str = "float32") -> HeadLogits:
+    "Scoring logits of a batch: the base model's last hidden states, the head applied in `head` precision (`head_dtype`) on demand."
     return HeadLogits(lm.model.base_model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device)).last_hidden_state,
-                      lm.head_fp32())
+                      lm.head(head))
 
 # %% ../nbs/19_stream.ipynb #458ebc1f
 PASSES = Counter()   # (model identity, sha256 of a token sequence) -> rows of forward passes over it in this process
 
-def forward_batches(models: list, seqs: list, budget: int, granule: int, desc: str, on_batch):
+def forward_batches(models: list, seqs: list, budget: int, granule: int, desc: str, on_batch, head: str = "float32"):
     """Run each LM of `models` over the token lists in batches whose shapes depend on each list's length alone
     (`models.plan_batches`, never past the models' positions); call `on_batch(indices, ids, lengths, [HeadLogits per
-    model])` (dummy rows included) after each batch, and yield what it returns."""
+    model], the head in `head` precision)` (dummy rows included) after each batch, and yield what it returns."""
     import torch
     from stealth_eval.models import pad_batch, plan_batches
     pad = models[0].tokenizer.pad_token_id
@@ -160,7 +181,7 @@ def forward_batches(models: list, seqs: list, budget: int, granule: int, desc: s
         ids, mask = pad_batch([seqs[i] for i in idx], R, L, pad)
         lengths = [len(seqs[i]) for i in idx] + [len(seqs[idx[0]])] * (R - len(idx))
         with torch.no_grad():
-            res = on_batch(idx, ids, lengths, [lm_logits(m, ids, mask).once() for m in models])
+            res = on_batch(idx, ids, lengths, [lm_logits(m, ids, mask, head).once() for m in models])
         bar.update(len(idx))
         yield res
     bar.close()
@@ -219,7 +240,7 @@ def fetch_lm_uses(spec: str | None, cfg: dict, cache: Cache, uses: list, hold: b
                     out_val += uses[u].take([miss[p][1] for p in pos], [lm_of(models[j]) for j in at], b_ids, lengths, [logits[j] for j in at])
                 return out_pos, out_val
             desc = f"{' + '.join(uses[u].desc for u in readers)}: {' / '.join(models)}"
-            yield from forward_batches([lm_of(m) for m in models], [s for s, _ in items], budget, granule, desc, take)
+            yield from forward_batches([lm_of(m) for m in models], [s for s, _ in items], budget, granule, desc, take, head_dtype(cfg))
     got = cache.fetch(keys, compute, hold=hold)
     return [{n: got[same[k]] for n, k in use.keys.items()} for use in uses]
 
