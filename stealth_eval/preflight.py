@@ -1011,6 +1011,8 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
     from stealth_eval.models import resolve_device
     from stealth_eval.rehearsal import free_models, rehearsal_scale
     from stealth_eval.core import usable_dir
+    bad = [f"{k}={v!r}" for k, v in (budgets or {}).items() if not (isinstance(v, (int, float)) and 0 < v < float("inf"))]
+    if bad: raise StealthEvalError(f"preflight: budgets {', '.join(bad)}: a step's budget is a positive finite number of seconds")
     out = usable_dir(out_dir, "--out_dir")      # a file there, a name too long: one line (exit 2), never a traceback
     dev = resolve_device(device)
     cuda = dev.startswith("cuda")
