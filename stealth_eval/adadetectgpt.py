@@ -236,15 +236,6 @@ def ada_entries(texts: list, cfg: dict, cache, max_tokens: int) -> dict:
     return fetch_lm_uses(cfg["scoring_model"], cfg, cache, [ada_use(texts, cfg, cache, max_tokens)])[0]
 
 # %% ../nbs/29_adadetectgpt.ipynb #148701f5
-def _train_labels(cfg: dict) -> set:
-    "The labels of the valid rows of the run's training splits."
-    from stealth_eval.data import load_train_split
-    labels = set()
-    for spec in cfg["datasets"]:
-        df = load_train_split(cfg["out_dir"], spec["name"]) if cfg.get("out_dir") else None
-        if df is not None: labels |= set(df.loc[df["valid"], "label"])
-    return labels
-
 def train_and_score_ada(texts: list, cfg: dict, cache, max_tokens: int) -> dict:
     """Fit (or fetch, by the training split's content) the witness on the training split, save it with the run, and
     score `texts`: sha256(text) -> {'adadetectgpt', 'n_tokens', 'n_tokens_input', 'truncated'} or None."""
@@ -299,13 +290,11 @@ class AdaDetectGPTDetector(Detector):
     def window_of(self, cfg: dict) -> int:
         return scoring_window((cfg.get("score_windows") or {}).get(self.name, self.window), cfg["scoring_model"], cfg)
     def unavailable(self, cfg: dict) -> str:
+        from stealth_eval.data import train_split_problem
         from stealth_eval.models import available_offline, offline_mode
         if offline_mode() and not available_offline(cfg["scoring_model"]):
             return f"offline, and {cfg['scoring_model']!r} is neither embedded, a local folder, nor in the hub cache"
-        if _train_labels(cfg) != {"human", "ai"}:
-            return ("no training split with both classes: none of the run's datasets has data/<name>.train.jsonl "
-                    "(the data stage writes one when a detector fitted on it is among the detectors and the dataset offers one)")
-        return ""
+        return train_split_problem(cfg)
     def source(self, cfg: dict) -> tuple:
         return ("adadetectgpt", cfg["scoring_model"], self.window_of(cfg), tuple(sorted(ada_params(cfg).items())))
     def model(self, cfg: dict) -> str:

@@ -21,9 +21,9 @@ from .engine import run_cache
 # %% auto #0
 __all__ = ['SCHEMA', 'LABELS', 'DATASET_NAME', 'text_validity', 'validate_records', 'check_usable', 'load_dataset_file',
            'normalize_ws', 'lee_documents', 'needs_train_split', 'train_split_path', 'load_train_split',
-           'build_lee_news', 'build_lee_news_kgw', 'dataset_card', 'stratified_sample', 'drop_repeated_human_texts',
-           'benchmark_train_split', 'BenchmarkDataset', 'dataset_path', 'data_files', 'check_dataset_specs',
-           'run_data_stage', 'load_run_dataset', 'card_markdown']
+           'train_split_problem', 'build_lee_news', 'build_lee_news_kgw', 'dataset_card', 'stratified_sample',
+           'drop_repeated_human_texts', 'benchmark_train_split', 'BenchmarkDataset', 'dataset_path', 'data_files',
+           'check_dataset_specs', 'run_data_stage', 'load_run_dataset', 'card_markdown']
 
 # %% ../nbs/00_data.ipynb #64d8f460
 SCHEMA = ["id", "label", "domain", "generator", "text"]
@@ -235,6 +235,17 @@ def load_train_split(out_dir, name: str):
     "The training split of a dataset written by the data stage (checked like a dataset file), or None if it has none."
     p = train_split_path(out_dir, name)
     return load_dataset_file(p) if p.exists() else None
+
+def train_split_problem(cfg: dict) -> str:
+    """Why a detector fitted on the run's training split cannot run ('' when it can): the valid rows of the training splits
+    of the run's datasets (data/<name>.train.jsonl, written by the data stage) must hold both classes."""
+    labels = set()
+    for spec in cfg["datasets"]:
+        df = load_train_split(cfg["out_dir"], spec["name"]) if cfg.get("out_dir") else None
+        if df is not None: labels |= set(df.loc[df["valid"], "label"])
+    if labels == {"human", "ai"}: return ""
+    return ("no training split with both classes: none of the run's datasets has data/<name>.train.jsonl (the data stage "
+            "writes one when a detector fitted on it is among the detectors and the dataset offers one; see the dataset cards)")
 
 # %% ../nbs/00_data.ipynb #c54f267e
 def _lee_pool(cfg: dict, tok) -> tuple:

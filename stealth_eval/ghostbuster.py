@@ -458,21 +458,14 @@ def fit_ghostbuster(stream_list: list, y, opts: dict, seed: int = 0) -> dict:
 # %% ../nbs/28_ghostbuster.ipynb #gb000038
 def _unavailable(cfg: dict) -> str:
     "Why ghostbuster_local cannot run here ('' = it can)."
-    from stealth_eval.data import load_train_split
+    from stealth_eval.data import train_split_problem
     from stealth_eval.models import available_offline, offline_mode
     opts = ghostbuster_opts(cfg)
     if offline_mode():
         missing = [s for s in (cfg["scoring_model"], opts["weak_model"]) if not available_offline(s)]
         if missing: return f"offline, and {missing} are neither embedded, local folders, nor in the hub cache"
     if importlib.util.find_spec("gensim") is None: return "its n-gram corpus ships with `gensim`, which is not installed"
-    labels = set()
-    for spec in cfg["datasets"]:
-        df = load_train_split(cfg["out_dir"], spec["name"])
-        if df is not None: labels |= set(df.loc[df["valid"], "label"])
-    if labels != {"human", "ai"}:
-        return ("no training split with both classes: none of the run's datasets has data/<name>.train.jsonl "
-                "(the data stage writes one when a detector fitted on it is among the detectors and the dataset offers one)")
-    return ""
+    return train_split_problem(cfg)
 
 @dataclass(frozen=True, kw_only=True)
 class GhostbusterLocal(Detector):

@@ -404,20 +404,13 @@ def train_and_score(det, texts: list, cfg: dict, cache) -> dict:
 # %% ../nbs/29_imbd.ipynb #096e54a9
 def _unavailable(det, cfg: dict) -> str:
     "Why a tuned detector cannot run here ('' = it can)."
-    from stealth_eval.data import load_train_split
+    from stealth_eval.data import train_split_problem
     from stealth_eval.models import available_offline, offline_mode
     if importlib.util.find_spec("peft") is None: return "it trains a LoRA with `peft`, which is not installed"
     spec = det.params(cfg)["model"]
     if offline_mode() and not available_offline(spec):
         return f"offline, and its model {spec!r} is neither embedded, a local folder, nor in the hub cache"
-    labels = set()
-    for d in cfg["datasets"]:
-        df = load_train_split(cfg["out_dir"], d["name"])
-        if df is not None: labels |= set(df.loc[df["valid"], "label"])
-    if labels != {"human", "ai"}:
-        return ("no training split with both classes: none of the run's datasets has data/<name>.train.jsonl "
-                "(the data stage writes one when a detector fitted on it is among the detectors and the dataset offers one)")
-    return ""
+    return train_split_problem(cfg)
 
 @dataclass(frozen=True, kw_only=True)
 class TunedCriterion(Detector):

@@ -396,20 +396,12 @@ class OfflineClassifier(Detector):
     reference: str = "supervised baseline: logistic regression on sentence embeddings and LM statistics, trained on a held-out split"
 
     def unavailable(self, cfg: dict) -> str:
-        from stealth_eval.data import load_train_split
+        from stealth_eval.data import train_split_problem
         from stealth_eval.models import available_offline, offline_mode
         if offline_mode():
             missing = [cfg[k] for k in ("embedder", "scoring_model") if not available_offline(cfg[k])]
             if missing: return f"offline, and {missing} are neither embedded, local folders, nor in the hub cache"
-        labels = set()
-        for spec in cfg["datasets"]:
-            df = load_train_split(cfg["out_dir"], spec["name"])
-            if df is not None: labels |= set(df.loc[df["valid"], "label"])
-        if labels != {"human", "ai"}:
-            return ("no training split with both classes: none of the run's datasets has data/<name>.train.jsonl "
-                    "(the data stage writes one when classifier_offline is among the detectors and the dataset offers one; "
-                    "see the dataset cards)")
-        return ""
+        return train_split_problem(cfg)
     def source(self, cfg: dict) -> tuple: return ("classifier_offline", cfg["embedder"], cfg["scoring_model"])
     def model(self, cfg: dict) -> str:
         from stealth_eval.core import read_json
