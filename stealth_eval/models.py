@@ -20,18 +20,20 @@ from pathlib import Path
 from .core import StealthEvalError, atomic_write_text, file_sha256, get_logger, sha256_text, stable_hash, user_cache_dir
 
 # %% auto #0
-__all__ = ['EMBEDDED_LMS', 'HEAD_DTYPES', 'LOADS', 'ENCODE_VERSION', 'E5_CONVENTION', 'SAMPLER_VERSION', 'NUCLEUS_PREFIX',
-           'DECODE_CHECK_EVERY', 'DECODE_RUNS', 'DECODE_STEPS', 'DECODE_CACHE_GRANULE', 'STEP_COMPILE',
-           'CUDA_GRAPH_WARMUP', 'SEQ2SEQ_WATCHERS', 'CHAT_VERSION', 'convert_gguf', 'round_tf32', 'tf32_matmul',
-           'fused_bf16_head', 'LoadedLM', 'offline_mode', 'available_offline', 'resolve_device', 'device_class',
-           'device_setting', 'run_dtype', 'lm_kwargs', 'local_identity', 'hub_identity', 'lm_identity',
-           'load_causal_lm', 'load_seq2seq', 'use_gqa_sdpa', 'model_source', 'load_tokenizer', 'model_max_tokens',
-           'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches', 'default_token_budget', 'scoring_budget',
-           'pad_batch', 'rows_alone', 'Embedder', 'encoder_max_tokens', 'embed_budget', 'EmbedConvention',
-           'embedder_source', 'embedder_convention', 'embedder_identity', 'load_embedder', 'similarities', 'row_seed',
-           'counter_uniform', 'seeded_sample', 'SeededSampler', 'kv_cache_arg', 'kv_cache_of', 'decode_runs_since',
-           'decode_step_mode', 'static_cache_length', 'static_rows', 'StepRunner', 'kv_bytes_per_token', 'decode_rows',
-           'iter_continuations', 'sample_continuations', 'iter_seq2seq_sample', 'chat_prompt_ids', 'chat_generate']
+__all__ = ['EMBEDDED_LMS', 'HEAD_DTYPES', 'LOADS', 'PACKED_SDPA', 'ENCODE_VERSION', 'E5_CONVENTION', 'SAMPLER_VERSION',
+           'NUCLEUS_PREFIX', 'DECODE_CHECK_EVERY', 'DECODE_RUNS', 'DECODE_STEPS', 'DECODE_CACHE_GRANULE',
+           'STEP_COMPILE', 'CUDA_GRAPH_WARMUP', 'SEQ2SEQ_WATCHERS', 'SEQ2SEQ_PHASES', 'SETUP_STEPS', 'CHAT_VERSION',
+           'convert_gguf', 'round_tf32', 'tf32_matmul', 'fused_bf16_head', 'LoadedLM', 'offline_mode',
+           'available_offline', 'resolve_device', 'device_class', 'device_setting', 'run_dtype', 'lm_kwargs',
+           'local_identity', 'hub_identity', 'lm_identity', 'load_causal_lm', 'load_seq2seq', 'use_gqa_sdpa',
+           'packed_gqa_sdpa', 'transformers_packs_gqa', 'packed_attention', 'model_source', 'load_tokenizer',
+           'model_max_tokens', 'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches', 'default_token_budget',
+           'scoring_budget', 'pad_batch', 'rows_alone', 'Embedder', 'encoder_max_tokens', 'embed_budget',
+           'EmbedConvention', 'embedder_source', 'embedder_convention', 'embedder_identity', 'load_embedder',
+           'similarities', 'row_seed', 'counter_uniform', 'seeded_sample', 'SeededSampler', 'kv_cache_arg',
+           'kv_cache_of', 'decode_runs_since', 'decode_step_mode', 'static_cache_length', 'static_rows', 'StepRunner',
+           'kv_bytes_per_token', 'decode_rows', 'iter_continuations', 'sample_continuations', 'iter_seq2seq_sample',
+           'chat_prompt_ids', 'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
 def _package_dir(pkg: str) -> Path:
@@ -343,7 +345,7 @@ def _load_causal_lm(spec: str, device: str, trust_remote_code: bool, revision: s
                                f"(the embedded profile runs offline: --profile embedded)") from e
     identity = lm_identity(spec, device, trust_remote_code, dtype)   # the same string the cache keys were made with
     if tok.pad_token is None: tok.pad_token = tok.eos_token
-    if attn == "sdpa": meta["gqa_sdpa_modules"] = use_gqa_sdpa(model)
+    if attn == "sdpa": meta["gqa_sdpa_modules"], meta["attention"] = use_gqa_sdpa(model), packed_attention(model)
     model.to(device).eval()
     return LoadedLM(spec, identity, model, tok, device, meta, dtype)
 
@@ -406,6 +408,46 @@ def use_gqa_sdpa(model) -> int:
         if (type(m).__name__ == "FalconAttention" and not m.new_decoder_architecture and m.num_kv_heads < m.num_heads):
             m.forward = types.MethodType(_falcon_gqa_sdpa, m); n += 1
     return n
+
+# %% ../nbs/02_models.ipynb #9ac4ed02
+PACKED_SDPA = "sdpa_packed_gqa"   # the name `packed_gqa_sdpa` is registered under (attention and mask functions)
+
+def packed_gqa_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' SDPA attention, except for one query token of a grouped-query model with a head-shared mask: its
+    query heads become the query positions of their key/value head, so SDPA reads each key/value head's cache once
+    instead of a copy per query head. Anything else goes to transformers' own `sdpa_attention_forward`."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    g = int(getattr(module, "num_key_value_groups", 1) or 1)
+    packs = (g > 1 and query.shape[2] == 1 and attention_mask is not None and attention_mask.dim() == 4
+             and attention_mask.shape[1] == 1 and kwargs.get("position_bias") is None and kwargs.get("softcap") is None
+             and not kwargs.get("output_attentions") and not torch.compiler.is_compiling())
+    if not packs:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    B, H, _, D = query.shape   # query head h reads key/value head h // g, as `repeat_kv` arranges them
+    out = torch.nn.functional.scaled_dot_product_attention(query.reshape(B, H // g, g, D), key, value,
+                                                           attn_mask=attention_mask, dropout_p=dropout, scale=scaling)
+    return out.reshape(B, H, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
+
+def transformers_packs_gqa() -> bool:
+    "Whether the installed transformers' SDPA reads a grouped-query cache once at a decode step (5.23 and later)."
+    from transformers.integrations import sdpa_attention
+    return hasattr(sdpa_attention, "pack_gqa")
+
+def packed_attention(model, packed: bool | None = None) -> str:
+    """Switch a grouped-query `model` loaded with SDPA to `packed_gqa_sdpa` where `packed` (None: where the installed
+    transformers does not pack itself); return the attention it runs. Falcon keeps its own (`use_gqa_sdpa`)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    if packed is None: packed = not transformers_packs_gqa()
+    gqa = any(int(getattr(m, "num_key_value_groups", 1) or 1) > 1 for m in model.modules())
+    if not (packed and gqa and model.config._attn_implementation == "sdpa" and model.config.model_type != "falcon"):
+        return model.config._attn_implementation
+    AttentionInterface.register(PACKED_SDPA, packed_gqa_sdpa)
+    AttentionMaskInterface.register(PACKED_SDPA, sdpa_mask)    # its masks are SDPA's
+    model.set_attn_implementation(PACKED_SDPA)
+    return PACKED_SDPA
 
 # %% ../nbs/02_models.ipynb #86ee5002
 def model_source(spec: str):
@@ -1328,6 +1370,8 @@ class _Seq2SeqDecoder:
 # %% ../nbs/02_models.ipynb #d41460dd
 SEQ2SEQ_WATCHERS = []   # callables told (model, (rows, source length, ids' width)) of each static batch, as `generate` calls
                         # would be seen: the preflight's `recording_generate` prices the work from them
+SEQ2SEQ_PHASES = None   # a list: each static batch's phases are timed into it (the preflight; a host synchronisation each)
+SETUP_STEPS = CUDA_GRAPH_WARMUP + 1   # the steps after the first that warm up and capture a new decoder's graph
 
 def _seq2seq_static_batch(model, tok, device, enc, mask, seeds: list, stops, max_length: int, top_p: float, mode: str,
                           pool: dict | None = None, check_every: int = DECODE_CHECK_EVERY):
@@ -1338,20 +1382,34 @@ def _seq2seq_static_batch(model, tok, device, enc, mask, seeds: list, stops, max
     S = static_cache_length(max_length)
     start = model.config.decoder_start_token_id
     key = (id(model), R, L, S, float(top_p), stops is not None, mode)
+    import time
+    marks = [] if SEQ2SEQ_PHASES is not None else None
+    def mark():   # only where phases are asked for (the preflight): a synchronisation, then the clock
+        if marks is None: return
+        if torch.device(device).type == "cuda": torch.cuda.synchronize(device)
+        marks.append((i, time.perf_counter()))
+    i, new = 0, pool is None or pool.get("key") != key
+    mark()
     dec = _static_decoder(pool, key, lambda: _Seq2SeqDecoder(model, R, L, S, tok.pad_token_id, tok.eos_token_id, top_p,
                                                              stops is not None, mode, device))
     steps = max(int(max_length) - 1, 0)
-    i = 0
     with torch.no_grad():
         if steps:
             dec.start(enc, mask, seeds, stops, start)
             i = 1
+            mark()
         while i < steps:
             if i % check_every == 0 and bool(dec.done.all()): break
             dec.run()
             i += 1
+            if i == 1 + SETUP_STEPS: mark()
+        mark()
         gen = dec.gen[:, :i + 1].clone()
     DECODE_RUNS["seq2seq", dec.run.ran] += 1
+    if marks is not None and len(marks) == 4:   # set-up (caches, encoder, first step), the captured steps, the steady steps
+        (_, t0), (_, t1), (a, t2), (b, t3) = marks
+        SEQ2SEQ_PHASES.append({"rows": R, "source": L, "slots": S, "new_decoder": new, "start_s": t1 - t0,
+                               "setup_steps": a - 1, "setup_steps_s": t2 - t1, "steady_steps": b - a, "steady_s": t3 - t2})
     for watch in SEQ2SEQ_WATCHERS: watch(model, (R, L, int(gen.shape[1])))
     ended = (gen[:, 1:] == tok.eos_token_id).any(1)
     if i and bool(ended.all()):                                # generate stops after the step at which the last row ended

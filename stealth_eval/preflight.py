@@ -408,10 +408,14 @@ def encoder_seconds(model, calls: list, device: str) -> float:
     return t
 
 def _fill_stats(name: str, scale: str, calls: list, n_fill: int, dt: float, hw: dict, dtype: str | None = None,
-                enc_s: float | None = None) -> dict:   # the same calls' encoder passes timed alone (`encoder_seconds`)
+                enc_s: float | None = None,   # the same calls' encoder passes timed alone (`encoder_seconds`)
+                phases: list | None = None) -> dict:   # the static batches' phases (`models.SEQ2SEQ_PHASES`)
     """A T5 fill path: fills/s, the batches it executed, and its share of the roofline: the time its executed work
     needs at the peak and the full bandwidth (`seq2seq_seconds` at shares of 1) over the time taken. The prediction
-    prices T5's encoder rows at the encoder's share and its decoder rows at the decoder's, where `enc_s` is given."""
+    prices T5's encoder rows at the encoder's share and its decoder rows at the decoder's, where `enc_s` is given.
+    With `phases`, the decoder's share is its steady steps' (a graph captured for the batch's shape, replayed), and
+    each batch's set-up (caches, encoder, first step, the steps that warm up and capture) is reported beside it: a
+    paper run's thousands of batches share few shapes, a preflight's two batches pay it twice."""
     rows = sum(R for R, _, _ in calls)
     enc, dec = seq2seq_parts(name, scale, calls, {**hw, "mfu": 1.0, "bw_eff": 1.0}, dtype)
     out = {"kind": "fill", "items": int(n_fill), "unit": "perturbations", "per_s": round(n_fill / dt, 2),
@@ -421,6 +425,13 @@ def _fill_stats(name: str, scale: str, calls: list, n_fill: int, dt: float, hw: 
     if enc_s and 0 < enc_s < dt:   # the encoder passes timed alone: each half of the fill gets the share it reached
         out.update(encoder_s=round(enc_s, 3), encoder_share=enc / enc_s, decoder_share=dec / (dt - enc_s),
                    pct_roofline_encoder=round(100 * enc / enc_s, 2), pct_roofline_decoder=round(100 * dec / (dt - enc_s), 2))
+    n_steady, t_steady = sum(q["steady_steps"] for q in phases or []), sum(q["steady_s"] for q in phases or [])
+    if n_steady and t_steady > 0 and out["decoder_steps"]:
+        share = dec / out["decoder_steps"] * n_steady / t_steady
+        out.update(steady_step_ms=round(1e3 * t_steady / n_steady, 3), decoder_share_with_setup=out.get("decoder_share"),
+                   decoder_share=share, pct_roofline_decoder=round(100 * share, 2),
+                   setup_s=[round(q["start_s"] + q["setup_steps_s"], 3) for q in phases],
+                   setup_new_decoder=[bool(q["new_decoder"]) for q in phases])
     return out
 
 def measure_path(rows: list, device: str, path: str, models: list, run, warm=None, baseline=None, stats=None, note: str = "",
@@ -605,7 +616,8 @@ PATH_ORDER = ("log_likelihood", "lastde_pp", "binoculars", "dna_detectllm",   # 
               "m3", "lora", "proxihuman")                                      # a whole method and two path checks: no rate of their own
 
 def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: int, new_tokens: int, m3_items: int = 1,
-                  m3_words: int | None = None) -> dict:
+                  m3_words: int | None = None,
+                  only=None) -> dict:   # path keys to run (None: all): a second call measures what a first did not reach
     """Every model path of the paper run through the project's functions, with its plain baseline and its profile (rows
     in `partial['paths']`), in `PATH_ORDER`: what the prediction needs most first, so that a cut loses the least."""
     import math
@@ -723,7 +735,11 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
         plain_generate(model, [tok(t5_masked_text(j)).input_ids[:int(p["t5_max_input_tokens"])] for j in jobs], int(p["batch_size"]),
                        tok.pad_token_id, dev, max_length=rec["base_steps"] + 1, top_p=float(p["mask_top_p"]))
     def fills():
-        with recording_generate(t5()[0]) as rec["calls"]: return perturb_texts(ft, "t5", cfg, fresh())
+        import stealth_eval.models as M
+        M.SEQ2SEQ_PHASES = rec["phases"] = []   # each batch's set-up and steady steps, timed apart
+        try:
+            with recording_generate(t5()[0]) as rec["calls"]: return perturb_texts(ft, "t5", cfg, fresh())
+        finally: M.SEQ2SEQ_PHASES = None
     def t5_call():   # the first kernels: one batch of the run's shape rule, four decoder steps (not a whole fill)
         job = masked(short[0], 0)
         t5_fill(t5(), [job], [0], max_length=4, batch_tokens=kn["fill_batch_tokens"],
@@ -741,7 +757,8 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
         return with_roofline(prof, hw, f"a decoder step of one fill batch ({Rr} rows x {L} source tokens)", fl, byt,
                              compute_s=fl / peak_flops(t5_name, hw, kn["t5_dtype"]))
     def t5_stats(out, dt):
-        s = _fill_stats(t5_name, scale, rec["calls"], n_fill, dt, hw, kn["t5_dtype"], encoder_seconds(t5()[0], rec["calls"], dev))
+        s = _fill_stats(t5_name, scale, rec["calls"], n_fill, dt, hw, kn["t5_dtype"], encoder_seconds(t5()[0], rec["calls"], dev),
+                        rec.get("phases"))
         return {**s, "step_ms": round(1e3 * (dt - s.get("encoder_s", 0)) / max(s["decoder_steps"], 1), 2)}
     def t5_path():
         row = measure_path(rows, dev, "T5 span fills (DetectGPT, NPR)", [t5_name],
@@ -835,7 +852,7 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
         "mpnet": lambda: embed_path("ProxiHuman embedder (MPNet)", ph, lambda: load_proxihuman_embedder(ph, cfg), 384, proxihuman_embed_dtype(cfg)),
         "m3": m3_path, "lora": lora_path, "proxihuman": proxihuman_path,
     }
-    plan = [(k, paths[k]) for k in PATH_ORDER if k not in ("radar", "proxihuman") or k in cfg["detectors"]]
+    plan = [(k, paths[k]) for k in PATH_ORDER if (k not in ("radar", "proxihuman") or k in cfg["detectors"]) and (not only or k in only)]
     partial["planned"] = [k for k, _ in plan]
     for key, fn in plan:
         n = len(rows)
@@ -1003,7 +1020,8 @@ SHORT_NOTEBOOK_RUN = {   # and texts of 60-160 tokens, one candidate: M1 and M2 
 
 def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = "auto", short: bool = False,
               budgets: dict | None = None,   # {step: seconds, 'total': seconds} over BUDGETS[kind]
-              skip=()) -> dict:   # steps not to run (of SKIPPABLE): a device call too short for all of them runs them in two
+              skip=(),   # steps not to run (of SKIPPABLE): a device call too short for all of them runs them in two
+              paths=None) -> dict:   # path keys to measure (of PATH_ORDER; None: every one)
     """Run the five steps on `device` (less `skip`); write preflight.json and preflight.md after each; return the report.
     A step runs under its budget, and under what is left of the call's total less what it leaves each later step that
     runs (RESERVE): the call ends within the total whatever a step takes (a step with nothing left is cut before it starts)."""
@@ -1021,6 +1039,8 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
     B = {**BUDGETS[kind], **(budgets or {})}
     if set(B) - set(STEPS) - {"total"}:
         raise StealthEvalError(f"preflight: unknown step(s) {sorted(set(B) - set(STEPS) - {'total'})}; steps: {', '.join(STEPS)} (and total)")
+    if set(paths or ()) - set(PATH_ORDER):
+        raise StealthEvalError(f"preflight: unknown path(s) {sorted(set(paths) - set(PATH_ORDER))}; paths: {', '.join(PATH_ORDER)}")
     if set(skip) - set(SKIPPABLE):
         raise StealthEvalError(f"preflight: only {', '.join(SKIPPABLE)} can be skipped, not {sorted(set(skip) - set(SKIPPABLE))}")
     skip = sorted(set(skip) | ({"prediction"} if "paths" in skip else set()), key=STEPS.index)   # the prediction reads the paths
@@ -1059,7 +1079,7 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
     if hw:
         ov = {**PATHS_RUN, **(SHORT_RUN if kind == "cpu-short" else {})}
         step("paths", lambda p: measure_paths(p, preflight_config(dev, scale, ov), preflight_texts(Z["texts"]), hw, Z["prompts"],
-                                              Z["new_tokens"], Z["m3_items"], Z["m3_words"]))   # the texts read within its budget
+                                              Z["new_tokens"], Z["m3_items"], Z["m3_words"], paths))   # the texts read within its budget
         free_models(dev)   # a cut step leaves its models loaded
         step("prediction", lambda p: predict_paper(measured_rates(rep["steps"]["paths"]["result"].get("paths", []), hw, scale), hw))
     rep["skipped"] = list(skip)
@@ -1132,7 +1152,11 @@ def preflight_report(rep: dict) -> str:
         L += ["", f"Not reached (the step was {st.get('paths', {}).get('status', '?')}): {', '.join(k for k in planned if k not in reached)}."]
     notes = [f"- {r['path']}: {r['note']}" for r in paths if r.get("note")]
     notes += [f"- {r['path']}: its encoder passes took {r['encoder_s']} s timed alone, {r['pct_roofline_encoder']}% of their roofline; "
-              f"its decoder steps, the rest of the time, {r['pct_roofline_decoder']}% of theirs" for r in paths if r.get("encoder_s")]
+              + (f"its steady decoder steps {r['steady_step_ms']} ms each, {r['pct_roofline_decoder']}% of theirs (the prediction's "
+                 f"share); each batch's set-up (caches, encoder, first step, warm-up and capture) {r['setup_s']} s, "
+                 f"{100 * r['decoder_share_with_setup']:.2f}% of the decoder's roofline with it"
+                 if r.get("steady_step_ms") and r.get("decoder_share_with_setup") else
+                 f"its decoder steps, the rest of the time, {r['pct_roofline_decoder']}% of theirs") for r in paths if r.get("encoder_s")]
     if notes: L += [""] + notes
     top = lambda ops, i: "; ".join(f"{o['op']} {o[i]} ms x{o['calls']}" for o in ops) or "–"
     profs = [(r["path"], r["profile"]) for r in paths if r.get("profile")]
@@ -1438,8 +1462,10 @@ def preflight_main(argv) -> int:
     ap.add_argument("--budget", nargs="+", default=[], metavar="STEP=SECONDS", help=f"a step's time budget; steps: {', '.join(STEPS)}")
     ap.add_argument("--skip", nargs="+", default=[], choices=SKIPPABLE, metavar="STEP",
                     help=f"steps not to run ({', '.join(SKIPPABLE)}): a device call too short for all five runs them in two")
+    ap.add_argument("--paths", nargs="+", default=None, metavar="PATH",
+                    help=f"only these model paths (default: all, in this order): {', '.join(PATH_ORDER)}")
     a = ap.parse_args(argv)
-    try: rep = preflight(a.out_dir, a.device, a.scale, a.short, parse_budgets(a.budget), a.skip)
+    try: rep = preflight(a.out_dir, a.device, a.scale, a.short, parse_budgets(a.budget), a.skip, a.paths)
     except StealthEvalError as e:
         print(f"stealth-eval preflight: error: {e}", file=sys.stderr); return 2
     print((Path(a.out_dir) / "preflight.md").read_text(encoding="utf-8").split("\n## Environment")[0])
