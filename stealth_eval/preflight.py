@@ -1031,6 +1031,8 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
     from stealth_eval.core import usable_dir
     bad = [f"{k}={v!r}" for k, v in (budgets or {}).items() if not (isinstance(v, (int, float)) and 0 < v < float("inf"))]
     if bad: raise StealthEvalError(f"preflight: budgets {', '.join(bad)}: a step's budget is a positive finite number of seconds")
+    if set(paths or ()) - set(PATH_ORDER):
+        raise StealthEvalError(f"preflight: unknown path(s) {sorted(set(paths) - set(PATH_ORDER))}; paths: {', '.join(PATH_ORDER)}")
     out = usable_dir(out_dir, "--out_dir")      # a file there, a name too long: one line (exit 2), never a traceback
     dev = resolve_device(device)
     cuda = dev.startswith("cuda")
@@ -1039,8 +1041,6 @@ def preflight(out_dir="artifacts/preflight", device: str = "auto", scale: str = 
     B = {**BUDGETS[kind], **(budgets or {})}
     if set(B) - set(STEPS) - {"total"}:
         raise StealthEvalError(f"preflight: unknown step(s) {sorted(set(B) - set(STEPS) - {'total'})}; steps: {', '.join(STEPS)} (and total)")
-    if set(paths or ()) - set(PATH_ORDER):
-        raise StealthEvalError(f"preflight: unknown path(s) {sorted(set(paths) - set(PATH_ORDER))}; paths: {', '.join(PATH_ORDER)}")
     if set(skip) - set(SKIPPABLE):
         raise StealthEvalError(f"preflight: only {', '.join(SKIPPABLE)} can be skipped, not {sorted(set(skip) - set(SKIPPABLE))}")
     skip = sorted(set(skip) | ({"prediction"} if "paths" in skip else set()), key=STEPS.index)   # the prediction reads the paths

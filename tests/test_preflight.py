@@ -199,3 +199,28 @@ def test_preflight_keeps_to_its_total_in_one_call(tmp_path, monkeypatch):
     assert st["notebooks"]["status"] == "cut" and st["notebooks"]["result"] == {"ran": True} and st["notebooks"]["budget_s"] < 2.1
     assert st["paths"]["status"] == "cut" and st["paths"]["seconds"] == 0.0 and "was spent before it began" in st["paths"]["error"]
     assert not rep["ok"] and (tmp_path / "b" / "preflight.md").read_text().startswith("# Preflight: NOT PASSED: notebooks cut, paths cut")
+
+
+def test_preflight_refuses_an_unknown_path_before_it_makes_its_folder(tmp_path):
+    "`--paths` names model paths of PATH_ORDER; another name is one line, exit 2, and no report folder."
+    r = run_cli("preflight", "--device", "cpu", "--paths", "t5_fills", "nope", "--out_dir", tmp_path / "pf", check=False)
+    assert r.returncode == 2 and "unknown path(s) ['nope']" in r.stderr and "t5_fills" in r.stderr, r.stderr
+    assert not (tmp_path / "pf").exists()
+
+
+def test_t5_fill_share_is_its_steady_steps_with_each_batch_set_up_beside_it():
+    """With phases, the decoder's share is its steady steps' (the same roofline per step over their time), the share
+    with set-up kept beside it: two batches whose steady steps take half the time of their set-up-laden average."""
+    import stealth_eval.preflight as P
+    hw = {"peak_tflops": 1000.0, "fp32_tflops": 60.0, "hbm_tb_s": 4.0}
+    calls = [(512, 464, 322), (512, 480, 332)]
+    _, dec = P.seq2seq_parts("t5-large", "full", calls, {**hw, "mfu": 1.0, "bw_eff": 1.0}, "bfloat16")
+    steps = 321 + 331
+    phases = [{"rows": 512, "source": 464, "slots": 384, "new_decoder": True, "start_s": 2.0, "setup_steps": 2,
+               "setup_steps_s": 0.5, "steady_steps": 318, "steady_s": 318 * 0.04},
+              {"rows": 512, "source": 480, "slots": 384, "new_decoder": True, "start_s": 1.5, "setup_steps": 2,
+               "setup_steps_s": 0.5, "steady_steps": 328, "steady_s": 328 * 0.04}]
+    s = P._fill_stats("t5-large", "full", calls, 16, 40.0, hw, "bfloat16", enc_s=2.0, phases=phases)
+    assert s["steady_step_ms"] == 40.0 and s["setup_s"] == [2.5, 2.0] and s["setup_new_decoder"] == [True, True]
+    assert abs(s["decoder_share"] - dec / steps / 0.04) < 1e-12 and abs(s["decoder_share_with_setup"] - dec / 38.0) < 1e-12
+    assert P._fill_stats("t5-large", "full", calls, 16, 40.0, hw, "bfloat16", enc_s=2.0)["decoder_share"] == s["decoder_share_with_setup"]
