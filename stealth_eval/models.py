@@ -22,18 +22,18 @@ from .core import StealthEvalError, atomic_write_text, file_sha256, get_logger, 
 # %% auto #0
 __all__ = ['EMBEDDED_LMS', 'HEAD_DTYPES', 'LOADS', 'PACKED_SDPA', 'ENCODE_VERSION', 'E5_CONVENTION', 'SAMPLER_VERSION',
            'NUCLEUS_PREFIX', 'DECODE_CHECK_EVERY', 'DECODE_RUNS', 'DECODE_STEPS', 'DECODE_CACHE_GRANULE',
-           'STEP_COMPILE', 'CUDA_GRAPH_WARMUP', 'SEQ2SEQ_WATCHERS', 'SEQ2SEQ_PHASES', 'SETUP_STEPS', 'CHAT_VERSION',
-           'convert_gguf', 'round_tf32', 'tf32_matmul', 'fused_bf16_head', 'LoadedLM', 'offline_mode',
-           'available_offline', 'resolve_device', 'device_class', 'device_setting', 'run_dtype', 'lm_kwargs',
-           'local_identity', 'hub_identity', 'lm_identity', 'load_causal_lm', 'load_seq2seq', 'use_gqa_sdpa',
-           'packed_gqa_sdpa', 'transformers_packs_gqa', 'packed_attention', 'model_source', 'load_tokenizer',
-           'model_max_tokens', 'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches', 'default_token_budget',
-           'scoring_budget', 'pad_batch', 'rows_alone', 'Embedder', 'encoder_max_tokens', 'embed_budget',
-           'EmbedConvention', 'embedder_source', 'embedder_convention', 'embedder_identity', 'load_embedder',
-           'similarities', 'row_seed', 'counter_uniform', 'seeded_sample', 'SeededSampler', 'kv_cache_arg',
-           'kv_cache_of', 'decode_runs_since', 'decode_step_mode', 'static_cache_length', 'static_rows', 'StepRunner',
-           'kv_bytes_per_token', 'decode_rows', 'iter_continuations', 'sample_continuations', 'iter_seq2seq_sample',
-           'chat_prompt_ids', 'chat_generate']
+           'STEP_COMPILE', 'CUDA_GRAPH_WARMUP', 'SEQ2SEQ_WATCHERS', 'SEQ2SEQ_PHASES', 'SETUP_STEPS',
+           'SEQ2SEQ_MIN_SLOTS', 'CHAT_VERSION', 'convert_gguf', 'round_tf32', 'tf32_matmul', 'fused_bf16_head',
+           'LoadedLM', 'offline_mode', 'available_offline', 'resolve_device', 'device_class', 'device_setting',
+           'run_dtype', 'lm_kwargs', 'local_identity', 'hub_identity', 'lm_identity', 'load_causal_lm', 'load_seq2seq',
+           'use_gqa_sdpa', 'packed_gqa_sdpa', 'transformers_packs_gqa', 'packed_attention', 'model_source',
+           'load_tokenizer', 'model_max_tokens', 'make_tiny_lm', 'bucket_length', 'batch_shape', 'plan_batches',
+           'default_token_budget', 'scoring_budget', 'pad_batch', 'rows_alone', 'Embedder', 'encoder_max_tokens',
+           'embed_budget', 'EmbedConvention', 'embedder_source', 'embedder_convention', 'embedder_identity',
+           'load_embedder', 'similarities', 'row_seed', 'counter_uniform', 'seeded_sample', 'SeededSampler',
+           'kv_cache_arg', 'kv_cache_of', 'decode_runs_since', 'decode_step_mode', 'static_cache_length', 'static_rows',
+           'StepRunner', 'kv_bytes_per_token', 'decode_rows', 'iter_continuations', 'sample_continuations',
+           'iter_seq2seq_sample', 'chat_prompt_ids', 'chat_generate']
 
 # %% ../nbs/02_models.ipynb #23b54384
 def _package_dir(pkg: str) -> Path:
@@ -1372,6 +1372,7 @@ SEQ2SEQ_WATCHERS = []   # callables told (model, (rows, source length, ids' widt
                         # would be seen: the preflight's `recording_generate` prices the work from them
 SEQ2SEQ_PHASES = None   # a list: each static batch's phases are timed into it (the preflight; a host synchronisation each)
 SETUP_STEPS = CUDA_GRAPH_WARMUP + 1   # the steps after the first that warm up and capture a new decoder's graph
+SEQ2SEQ_MIN_SLOTS = 0   # a static batch's self-attention slots at least (the preflight profiles a step at a fill's width)
 
 def _seq2seq_static_batch(model, tok, device, enc, mask, seeds: list, stops, max_length: int, top_p: float, mode: str,
                           pool: dict | None = None, check_every: int = DECODE_CHECK_EVERY):
@@ -1379,7 +1380,7 @@ def _seq2seq_static_batch(model, tok, device, enc, mask, seeds: list, stops, max
     as `mode` runs it, with a look every `check_every` steps for whether every row has ended."""
     import torch
     R, L = enc.shape
-    S = static_cache_length(max_length)
+    S = static_cache_length(max(int(max_length), SEQ2SEQ_MIN_SLOTS))
     start = model.config.decoder_start_token_id
     key = (id(model), R, L, S, float(top_p), stops is not None, mode)
     import time

@@ -744,18 +744,28 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
         job = masked(short[0], 0)
         t5_fill(t5(), [job], [0], max_length=4, batch_tokens=kn["fill_batch_tokens"],
                 granule=int(cfg.get("score_bucket_tokens", 64)), max_rows=int(p["batch_size"]))
-    def t5_step(_):   # a decoder step of one fill batch of the run's shape (its rows, filler included), profiled
+    def t5_step(_):   # a decoder step of one fill batch of the run's shape (its rows, filler included, and its fills'
+        import stealth_eval.models as M   # self-attention slots), profiled as the run runs it and as is, kernel by kernel
         job, calls = masked(ft[0], 0), []
-        def fn(n):
+        width = max((T for _, _, T in rec.get("calls") or []), default=0)
+        def fn(n, mode=None):
             with recording_generate(t5()[0]) as c:
                 t5_fill(t5(), [job], [0], max_length=n + 1, batch_tokens=kn["fill_batch_tokens"],
-                        granule=int(cfg.get("score_bucket_tokens", 64)), max_rows=int(p["batch_size"]))
+                        granule=int(cfg.get("score_bucket_tokens", 64)), max_rows=int(p["batch_size"]), step_mode=mode)
             calls[:] = c
-        prof = profile_steps(fn, dev)
+        M.SEQ2SEQ_MIN_SLOTS = width   # the fills' cache width: a step's cost grows with it (an H200: 23 ms at 64, 76 at 384)
+        try:
+            prof = profile_steps(fn, dev)
+            eager = profile_steps(lambda n: fn(n, "static"), dev) if cuda else None   # its kernels, each seen
+        finally: M.SEQ2SEQ_MIN_SLOTS = 0
         Rr, L, _ = calls[-1]
-        byt, fl = decode_step(t5_name, Rr, L + 8, ("decoder.block",), kn["t5_dtype"], scale)
-        return with_roofline(prof, hw, f"a decoder step of one fill batch ({Rr} rows x {L} source tokens)", fl, byt,
-                             compute_s=fl / peak_flops(t5_name, hw, kn["t5_dtype"]))
+        S = M.static_cache_length(max(width, 13))
+        byt, fl = decode_step(t5_name, Rr, L + S, ("decoder.block",), kn["t5_dtype"], scale)   # the self-attention reads every slot
+        what = f"a decoder step of one fill batch ({Rr} rows x {L} source tokens, {S} cache slots)"
+        out = with_roofline(prof, hw, what, fl, byt, compute_s=fl / peak_flops(t5_name, hw, kn["t5_dtype"]))
+        if eager: out["plain"] = with_roofline(eager, hw, what + " as is (not captured)", fl, byt,
+                                               compute_s=fl / peak_flops(t5_name, hw, kn["t5_dtype"]))
+        return out
     def t5_stats(out, dt):
         s = _fill_stats(t5_name, scale, rec["calls"], n_fill, dt, hw, kn["t5_dtype"], encoder_seconds(t5()[0], rec["calls"], dev),
                         rec.get("phases"))
@@ -1160,7 +1170,8 @@ def preflight_report(rep: dict) -> str:
     if notes: L += [""] + notes
     top = lambda ops, i: "; ".join(f"{o['op']} {o[i]} ms x{o['calls']}" for o in ops) or "–"
     profs = [(r["path"], r["profile"]) for r in paths if r.get("profile")]
-    profs += [(r["path"] + ": generate()", r["profile"]["plain"]) for r in paths if (r.get("profile") or {}).get("plain")]
+    profs += [(r["path"] + (": as is" if r.get("kind") == "fill" else ": generate()"), r["profile"]["plain"])
+              for r in paths if (r.get("profile") or {}).get("plain")]
     if profs:
         L += ["", "### Where each path's time goes", "",
               "A few calls of each path once more under torch's profiler (per call, or per step: a longer run less a shorter "
