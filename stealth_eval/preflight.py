@@ -664,7 +664,8 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
         return p
 
     sb, sg = scoring_budget(cfg, dev)
-    def detector(name, models, load, base=None, logits=True, note="", max_len=None, free=True, extra_bytes=None):
+    def detector(name, models, load, base=None, logits=True, note="", max_len=None, free=True, extra_bytes=None,
+                 heads=()):   # other `head_dtype`s whose call is profiled beside (the head: ~40% of a Falcon pass at the roofline)
         d = DETECTORS.get(name)
         names = [real_name(m) for m in models]
         plan = lambda: (sb, sg, max_len or min(load_causal_lm(m, **lm_kwargs(cfg)).max_length for m in models))   # loaded by then
@@ -674,6 +675,12 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
                      lambda: d.compute(texts, cfg, fresh()), warm(load, lambda: d.compute(short, cfg, fresh())), base,
                      lambda st, dt: _prefill_stats(names, scale, lengths(st), dt, hw, logits, plan=plan()), note, free,
                      probe=call_probe(lambda: d.compute(short, cfg, fresh()), work, "one call: a 60-word text, its padded batch"))
+        if heads and rows[-1].get("status") == "ok" and isinstance(rows[-1].get("profile"), dict):
+            for h in heads:   # the same call with the head in `h` (float32 accumulation): what a default change would buy
+                c = {**cfg, "head_dtype": h}
+                d.compute(short, c, fresh())                  # the head's copy in `h` is made once, not profiled
+                rows[-1]["profile"].setdefault("heads", {})[h] = call_probe(lambda: d.compute(short, c, fresh()), work,
+                                                                           f"the same call, the head in {h}")(None)
 
     def plain_lms(keys, window, samples=0):
         def base():
@@ -851,7 +858,8 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
 
     paths = {
         "log_likelihood": lambda: detector("log_likelihood", [cfg["scoring_model"]], lambda: lm("scoring_model"), plain_lms(["scoring_model"], W),
-                                           note="the likelihood panel (log-likelihood, log-rank, rank, entropy, LRR, Fast-DetectGPT) in one pass"),
+                                           note="the likelihood panel (log-likelihood, log-rank, rank, entropy, LRR, Fast-DetectGPT) in one pass",
+                                           heads=("tf32", "bfloat16")),
         "lastde_pp": lastde_pp,
         "binoculars": lambda: detector("binoculars", [cfg["binoculars_observer"], cfg["binoculars_performer"]], both,
                                        plain_lms(["binoculars_observer", "binoculars_performer"], DETECTORS.get("binoculars").window_of(cfg)), free=False),
@@ -1180,6 +1188,7 @@ def preflight_report(rep: dict) -> str:
     profs += [(r["path"] + (": as is" if r.get("kind") == "fill" else ": generate()"), r["profile"]["plain"])
               for r in paths if (r.get("profile") or {}).get("plain")]
     profs += [(r["path"] + ": encoder", r["profile"]["encoder"]) for r in paths if (r.get("profile") or {}).get("encoder")]
+    profs += [(f"{r['path']}: head in {h}", q) for r in paths for h, q in ((r.get("profile") or {}).get("heads") or {}).items()]
     if profs:
         L += ["", "### Where each path's time goes", "",
               "A few calls of each path once more under torch's profiler (per call, or per step: a longer run less a shorter "
