@@ -128,6 +128,7 @@ def iter_t5_fill(t5, jobs: list, seeds: list, top_p: float = 1.0,
                  step_mode: str | None = None):  # how a decode step runs (the run's `decode_step`; None: the device profile's)
     """Yields `(positions in jobs, fills)` batch by batch: each masked token list's fills sampled by T5 (possibly fewer
     than its masks: a failed fill). Batch shapes come from each row's own length; a row is cut at its own cap."""
+    import torch
     from stealth_eval.models import iter_seq2seq_sample
     model, tok, _, device = t5
     mx = [int(max_length)] * len(jobs) if isinstance(max_length, int) else [int(m) for m in max_length]
@@ -135,8 +136,16 @@ def iter_t5_fill(t5, jobs: list, seeds: list, top_p: float = 1.0,
     order = sorted(range(len(jobs)), key=lambda i: (mx[i], len(ids[i])))   # similar caps together: fewer idle steps
     stops = [tok.convert_tokens_to_ids(f"<extra_id_{sum(t is MASK for t in j)}>") for j in jobs]   # a row ends after its own
     bar = progress(total=len(jobs), desc=desc)
-    for rows, gen in iter_seq2seq_sample(model, tok, device, ids, seeds, mx, top_p, batch_tokens, granule, max_rows, stops, order,
-                                         step_mode):
+    batches = iter_seq2seq_sample(model, tok, device, ids, seeds, mx, top_p, batch_tokens, granule, max_rows, stops, order, step_mode)
+    while True:
+        try: rows, gen = next(batches)
+        except StopIteration: break
+        except torch.OutOfMemoryError:   # one line naming the settings, not a traceback; rows never split by memory (a
+            bar.close()                  # text's fill would then depend on the machine's free memory)
+            raise StealthEvalError(f"T5 fills: out of memory on {device} at a batch of up to {max_rows} rows and {batch_tokens} "
+                                   "source tokens; lower perturbation.fill_batch_tokens or perturbation.batch_size (a 512-row "
+                                   "batch of 464-token sources took 85 GB on an H200). The fills made so far are stored: a rerun "
+                                   "resumes") from None
         yield rows, [extract_t5_fills(tok.decode(gen[r, :mx[i]], skip_special_tokens=False)) for r, i in enumerate(rows)]
         bar.update(len(rows))
     bar.close()
