@@ -1378,12 +1378,12 @@ def _seq2seq_static_batch(model, tok, device, enc, mask, seeds: list, stops, max
                           pool: dict | None = None, check_every: int = DECODE_CHECK_EVERY):
     """The ids `generate` with `SeededSampler` returns for one batch (the same tensor), drawn by `_Seq2SeqDecoder.step`
     as `mode` runs it, with a look every `check_every` steps for whether every row has ended."""
+    import time
     import torch
     R, L = enc.shape
     S = static_cache_length(max(int(max_length), SEQ2SEQ_MIN_SLOTS))
     start = model.config.decoder_start_token_id
     key = (id(model), R, L, S, float(top_p), stops is not None, mode)
-    import time
     marks = [] if SEQ2SEQ_PHASES is not None else None
     def mark():   # only where phases are asked for (the preflight): a synchronisation, then the clock
         if marks is None: return
