@@ -27,9 +27,9 @@ __all__ = ['DEVICE_PEAKS', 'IMPORT_GRACE_S', 'IMPORT_WAIT_MAX_S', 'PREFLIGHT_RUN
            'TREE_LIMIT_MIB', 'device_peaks', 'StepCut', 'time_budget', 'run_step', 'measure_device', 'device_hw',
            'versions', 'paper_stand_ins', 'build_models', 'preflight_config', 'preflight_texts', 'prefill_work',
            'decode_bytes', 'plain_logprobs', 'plain_classify', 'plain_embed', 'plain_generate', 'random_lora_adapter',
-           'executed_lengths', 'recording_generate', 'seq2seq_seconds', 'seq2seq_parts', 'encoder_seconds',
-           'measure_path', 'bound_verdict', 'profile_call', 'recorded_profile', 'profile_steps', 'with_roofline',
-           'prefill_roofline', 'measure_paths', 'run_notebooks', 'measured_rates', 'predict_paper',
+           'executed_lengths', 'recording_generate', 'seq2seq_seconds', 'seq2seq_parts', 'encoder_pass',
+           'encoder_seconds', 'measure_path', 'bound_verdict', 'profile_call', 'recorded_profile', 'profile_steps',
+           'with_roofline', 'prefill_roofline', 'measure_paths', 'run_notebooks', 'measured_rates', 'predict_paper',
            'prediction_at_measured_rates', 'preflight_prediction', 'preflight', 'preflight_report', 'source_imports',
            'notebook_imports', 'required_distributions', 'device_distributions', 'check_wheels', 'device_image_site',
            'import_check', 'tree_bytes', 'build_wheels', 'parse_budgets', 'preflight_main', 'wheels_main']
@@ -396,14 +396,22 @@ def seq2seq_parts(name: str, scale: str, calls: list, hw: dict, dtype: str | Non
         if new: dec += decode_seconds(name, R, L, new, R, hw, ("decoder.block",), dtype, scale)
     return enc, dec
 
+def encoder_pass(model, R: int, L: int, device: str, g=None):
+    "A function of no arguments: one encoder pass of `model` over R x L random ids (from generator `g`), no padding."
+    import torch
+    ids = torch.randint(0, model.config.vocab_size, (int(R), int(L)), generator=g or torch.Generator().manual_seed(0)).to(device)
+    def run():
+        with torch.no_grad(): model.get_encoder()(input_ids=ids, attention_mask=torch.ones_like(ids))
+    return run
+
 def encoder_seconds(model, calls: list, device: str) -> float:
     "The time of recorded `generate` calls' encoder passes alone `(rows, input length, _)`: random ids, no padding."
     import torch
-    g, enc, t = torch.Generator().manual_seed(0), model.get_encoder(), 0.0
+    g, t = torch.Generator().manual_seed(0), 0.0
     for R, L, _ in calls:
-        ids = torch.randint(0, model.config.vocab_size, (int(R), int(L)), generator=g).to(device)
+        run = encoder_pass(model, R, L, device, g)
         _sync(device); t0 = time.perf_counter()
-        with torch.no_grad(): enc(input_ids=ids, attention_mask=torch.ones_like(ids))
+        run()
         _sync(device); t += time.perf_counter() - t0
     return t
 
@@ -763,18 +771,16 @@ def measure_paths(partial: dict, cfg: dict, texts: list, hw: dict, n_prompts: in
         M.SEQ2SEQ_MIN_SLOTS = width   # the fills' cache width: a step's cost grows with it (an H200: 23 ms at 64, 76 at 384)
         try:
             prof = profile_steps(fn, dev)
-            eager = profile_steps(lambda n: fn(n, "static"), dev) if cuda else None   # its kernels, each seen
+            eager = profile_steps(lambda n: fn(n, "static"), dev)   # its kernels, each seen (a CPU's steps run so anyway)
         finally: M.SEQ2SEQ_MIN_SLOTS = 0
         Rr, L, _ = calls[-1]
         S = M.static_cache_length(max(width, 13))
         byt, fl = decode_step(t5_name, Rr, L + S, ("decoder.block",), kn["t5_dtype"], scale)   # the self-attention reads every slot
         what = f"a decoder step of one fill batch ({Rr} rows x {L} source tokens, {S} cache slots)"
         out = with_roofline(prof, hw, what, fl, byt, compute_s=fl / peak_flops(t5_name, hw, kn["t5_dtype"]))
-        if eager: out["plain"] = with_roofline(eager, hw, what + " as is (not captured)", fl, byt,
+        if eager: out["as_is"] = with_roofline(eager, hw, what + " as is (not captured)", fl, byt,
                                                compute_s=fl / peak_flops(t5_name, hw, kn["t5_dtype"]))
-        ids = torch.randint(0, t5()[0].config.vocab_size, (Rr, L), generator=torch.Generator().manual_seed(0)).to(dev)
-        def encode():   # the batch's encoder pass (10.8% of its roofline on an H200): its operators, one by one
-            with torch.no_grad(): t5()[0].get_encoder()(input_ids=ids, attention_mask=torch.ones_like(ids))
+        encode = encoder_pass(t5()[0], Rr, L, dev)   # the batch's encoder pass (10.8% of its roofline on an H200), op by op
         encode()
         enc_s = seq2seq_parts(t5_name, scale, [(Rr, L, 1)], {**hw, "mfu": 1.0, "bw_eff": 1.0}, kn["t5_dtype"])[0]
         out["encoder"] = with_roofline(profile_call(encode, dev)[0], hw, f"the encoder pass of that batch ({Rr} x {L} tokens)",
@@ -1185,9 +1191,8 @@ def preflight_report(rep: dict) -> str:
     if notes: L += [""] + notes
     top = lambda ops, i: "; ".join(f"{o['op']} {o[i]} ms x{o['calls']}" for o in ops) or "–"
     profs = [(r["path"], r["profile"]) for r in paths if r.get("profile")]
-    profs += [(r["path"] + (": as is" if r.get("kind") == "fill" else ": generate()"), r["profile"]["plain"])
-              for r in paths if (r.get("profile") or {}).get("plain")]
-    profs += [(r["path"] + ": encoder", r["profile"]["encoder"]) for r in paths if (r.get("profile") or {}).get("encoder")]
+    for key, label in (("plain", "generate()"), ("as_is", "as is"), ("encoder", "encoder")):   # a path's other profiles
+        profs += [(f"{r['path']}: {label}", r["profile"][key]) for r in paths if (r.get("profile") or {}).get(key)]
     profs += [(f"{r['path']}: head in {h}", q) for r in paths for h, q in ((r.get("profile") or {}).get("heads") or {}).items()]
     if profs:
         L += ["", "### Where each path's time goes", "",

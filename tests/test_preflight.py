@@ -106,6 +106,14 @@ def test_preflight_short_runs_every_step_on_the_cpu(short_preflight):
     assert fill["batches"] and fill["executed_rows"] >= fill["items"] > 0 and fill["pct_roofline"] > 0, fill
     assert 0 < fill["encoder_s"] < fill["seconds"] and fill["encoder_share"] > 0 and fill["decoder_share"] > 0, fill
     assert fill["step_ms"] > 0 and fill["profile"]["what"].startswith("a decoder step of one fill batch (4 rows"), fill
+    # the profiles added after the H200's first complete run: T5's step as is and its encoder pass, the fills' phases
+    # (set-up apart from the steady steps), the panel's call with the head in TF32 and in bf16; each in the report
+    for q in (fill["profile"]["as_is"], fill["profile"]["encoder"]):
+        assert q["host_op_ms"] > 0 and q["top_host"] and q["bound"] in BOUNDS, q
+    assert fill["steady_step_ms"] > 0 and len(fill["setup_s"]) == len(fill["batches"]) and fill["decoder_share_with_setup"] > 0, fill
+    heads = next(r for r in paths if r["key"] == "log_likelihood")["profile"]["heads"]
+    assert set(heads) == {"tf32", "bfloat16"} and all(q["host_op_ms"] > 0 and q["bound"] in BOUNDS for q in heads.values()), heads
+    assert all(f"{fill['path']}: {k}" in md for k in ("as is", "encoder")) and "(likelihood): head in tf32" in md
     nb = rep["steps"]["notebooks"]["result"]
     assert nb["device_image_only"]   # the run and its kernels saw only the device image and WHEELS (09_preflight's example)
     assert nb["returncode"] == 0 and set(nb["stages"]) >= {"00_data", "10_methods", "20_detectors", "30_calibration_metrics", "40_figures"}
